@@ -1,0 +1,45 @@
+# make test: set up .venv, build, run every test (Triton interpreted when there is no GPU) and the nvcc compile check.
+# make demo: set up, build, and run the main job on the best device present.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+BUILD := $(CURDIR)/build
+
+# Keep compiler and JIT caches inside build/ (torch.compile alone writes ~300 MB under $TMPDIR).
+export TMPDIR := $(BUILD)/tmp
+export TORCHINDUCTOR_CACHE_DIR := $(BUILD)/inductor
+export TRITON_CACHE_DIR := $(BUILD)/triton
+export TORCH_EXTENSIONS_DIR := $(BUILD)/torch_extensions
+export MAX_JOBS ?= $(shell nproc)
+export PYTHONUNBUFFERED := 1
+
+HAS_GPU = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))")
+# The Triton twin runs under the interpreter where no GPU is present.
+TEST_ENV = $(if $(filter 1,$(HAS_GPU)),,TRITON_INTERPRET=1)
+
+.PHONY: test demo setup build pytest cuda-check parity clean
+
+test: build cuda-check pytest
+
+demo: build
+	$(TEST_ENV) $(PY) -m ropewkv parity
+
+setup:
+	@mkdir -p $(TMPDIR)
+	tools/setup_venv.sh $(PYTHON) $(VENV)
+
+build: setup
+	$(PY) -m pip install -q -e . --no-build-isolation --no-deps
+
+pytest: build
+	$(TEST_ENV) $(PY) -m pytest tests -q
+
+cuda-check: setup
+	PYTHON=$(PY) tools/check_cuda_compile.sh
+
+parity: build
+	$(TEST_ENV) $(PY) -m ropewkv parity
+
+clean:
+	rm -rf build python/ropewkv/*.so

@@ -1,0 +1,125 @@
+"""Which twin runs an op: extension loading, backend and precision resolution, output poisoning.
+
+Backends:
+  "cuda"      the CUDA twin (`ropewkv._C_cuda`), CUDA tensors only;
+  "triton"    the Triton twin, CUDA tensors, or CPU tensors under TRITON_INTERPRET=1;
+  "cpu"       the C++ CPU twin (`ropewkv._C`), CPU tensors only;
+  "reference" the eager PyTorch reference, any device (fp32 math, or fp64 for fp64 input);
+  "auto"      cuda, then triton, for CUDA tensors; cpu for CPU tensors.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Optional
+
+import torch
+
+BACKENDS = ("auto", "cuda", "triton", "cpu", "reference")
+PRECISIONS = ("fp32", "bf16")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run here; the message says why."""
+
+
+def _try_import(name: str):
+    try:
+        return importlib.import_module(name), None
+    except ImportError as error:  # kept to explain later why a backend is missing
+        return None, error
+
+
+_C, _C_error = _try_import("ropewkv._C")
+if torch.version.cuda is None:
+    _C_cuda, _C_cuda_error = None, "the installed torch is a CPU build, so ropewkv._C_cuda was not built"
+else:
+    _C_cuda, _C_cuda_error = _try_import("ropewkv._C_cuda")
+
+
+def build_precision() -> str:
+    """The build-default precision ("fp32" unless built with ROPEWKV_ACCUM=bf16)."""
+    return _C.build_precision if _C is not None else "fp32"
+
+
+def resolve_precision(precision: Optional[str]) -> str:
+    """None means the build default; otherwise "fp32" or "bf16"."""
+    if precision is None:
+        return build_precision()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} or None (the build default), got {precision!r}")
+    return precision
+
+
+def precision_code(precision: str) -> int:
+    """The integer the C++ ops take (ropewkv::Precision)."""
+    return PRECISIONS.index(precision)
+
+
+def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return "Triton runs CPU tensors only under TRITON_INTERPRET=1 (set before ropewkv is imported)"
+    return f"Triton does not run on {device.type} tensors"
+
+
+def unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
+    """None if `backend` can run tensors on `device`, else why not."""
+    if backend == "reference":
+        return None
+    if backend == "cpu":
+        if device.type != "cpu":
+            return f"the cpu backend needs CPU tensors, got {device.type}"
+        return None if _C is not None else f"ropewkv._C failed to import: {_C_error}"
+    if backend == "cuda":
+        if device.type != "cuda":
+            return f"the cuda backend needs CUDA tensors, got {device.type}"
+        return None if _C_cuda is not None else f"ropewkv._C_cuda is unavailable: {_C_cuda_error}"
+    if backend == "triton":
+        return _triton_unavailable_reason(device)
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Turn `backend` (possibly "auto") into a concrete backend for `device`, or raise BackendUnavailableError."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        if device.type == "cuda":
+            candidates = ("cuda", "triton")
+        elif device.type == "cpu":
+            candidates = ("cpu",)
+        else:
+            candidates = ()
+        for candidate in candidates:
+            if unavailable_reason(candidate, device) is None:
+                return candidate
+        reasons = "; ".join(f"{c}: {unavailable_reason(c, device)}" for c in candidates) or "no twin for this device"
+        raise BackendUnavailableError(f"no backend available for {device.type} tensors ({reasons}); "
+                                      "pass backend='reference' for the eager PyTorch path")
+    reason = unavailable_reason(backend, device)
+    if reason is not None:
+        raise BackendUnavailableError(f"backend={backend!r} is unavailable: {reason}")
+    return backend
+
+
+def available_backends(device: torch.device) -> list[str]:
+    """The concrete backends that can run on `device`, kernels first and "reference" last."""
+    return [b for b in ("cuda", "triton", "cpu", "reference") if unavailable_reason(b, device) is None]
+
+
+def poison_outputs() -> bool:
+    """Tests set ROPEWKV_POISON_OUTPUTS=1: every twin then fills new outputs with NaN before its kernel runs."""
+    return os.environ.get("ROPEWKV_POISON_OUTPUTS") == "1"
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate a kernel output (NaN-filled when poisoning is on, so unwritten elements show)."""
+    if poison_outputs():
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)

@@ -1,0 +1,77 @@
+"""The build: extensions import, ops are registered, conversions are exact, backends resolve or explain."""
+import os
+
+import pytest
+import torch
+
+import ropewkv
+from ropewkv import _backend
+
+
+def test_cpu_extension_imports_with_build_precision():
+    assert _backend._C is not None, _backend._C_error
+    assert _backend._C.build_precision == os.environ.get("ROPEWKV_ACCUM", "fp32")
+    assert ropewkv.build_precision() == _backend._C.build_precision
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="CPU build of torch: _C_cuda cannot be built")
+def test_cuda_extension_imports_with_same_precision():
+    assert _backend._C_cuda is not None, _backend._C_cuda_error
+    assert _backend._C_cuda.build_precision == _backend._C.build_precision
+
+
+def test_ops_are_registered():
+    for name in ("log_decay", "log_decay_backward", "log_decay_triton", "_narrow_to", "_widen"):
+        assert hasattr(torch.ops.ropewkv, name), name
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("ropewkv::log_decay", "CPU")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_widen_is_exact_for_every_bit_pattern(dtype):
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype)
+    ours, theirs = torch.ops.ropewkv._widen(x), x.to(torch.float32)
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    finite = ~theirs.isnan()
+    assert torch.equal(ours[finite].view(torch.int32), theirs[finite].view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_narrow_rounds_like_torch(dtype):
+    gen = torch.Generator().manual_seed(0)
+    # Random bit patterns cover every exponent, incl. subnormals, overflow, inf and NaN; the rest are ties and
+    # near-ties around the target's rounding points, where round-half-even matters.
+    random_bits = torch.randint(-(2**31), 2**31 - 1, (2_000_000,), generator=gen, dtype=torch.int64)
+    x = random_bits.to(torch.int32).view(torch.float32)
+    ties = torch.arange(0, 2**16, dtype=torch.float32) * 2.0**-10 + 2.0**-14
+    edges = torch.tensor([0.0, -0.0, 65504.0, 65519.99, 65520.0, 65536.0, 2.0**-24, 2.0**-25, 3 * 2.0**-26,
+                          float("inf"), -float("inf"), 3.3895e38, 3.4e38], dtype=torch.float32)
+    x = torch.cat([x, ties, edges, -ties])
+    ours, theirs = torch.ops.ropewkv._narrow_to(x, dtype), x.to(dtype)
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    finite = ~theirs.isnan()
+    mismatch = (ours[finite].view(torch.int16) != theirs[finite].view(torch.int16)).nonzero()
+    assert mismatch.numel() == 0, f"{mismatch.numel()} values round differently, e.g. {x[finite][mismatch[:5, 0]]}"
+
+
+def test_backend_resolution():
+    cpu = torch.device("cpu")
+    assert _backend.resolve_backend("auto", cpu) == "cpu"
+    assert _backend.resolve_backend("reference", cpu) == "reference"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        _backend.resolve_backend("fast", cpu)
+    with pytest.raises(ropewkv.BackendUnavailableError, match="needs CUDA tensors"):
+        _backend.resolve_backend("cuda", cpu)
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ropewkv.BackendUnavailableError, match="TRITON_INTERPRET=1"):
+        _backend.resolve_backend("triton", torch.device("cpu"))
+
+
+def test_precision_resolution():
+    assert _backend.resolve_precision(None) == ropewkv.build_precision()
+    assert _backend.resolve_precision("bf16") == "bf16"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _backend.resolve_precision("fp16")
