@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-EXP_MINUS_HALF = 0.60653065971263342  # e^{-1/2}
+EXP_MINUS_HALF = tl.constexpr(0.60653065971263342)  # e^{-1/2}; jit globals must be constexpr
 BLOCK = 1024
 
 
