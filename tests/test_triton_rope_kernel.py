@@ -13,8 +13,12 @@ fp16/bf16 0.50 ulp at the pair norm and at most 0.86 (fp16) / 0.52 (bf16) ulp by
     (the foundation's bound for one final rounding).
 """
 import math
+import os
+import subprocess
+import sys
 
 import pytest
+import triton
 import torch
 
 from ropewkv.reference import rope as reference
@@ -289,3 +293,54 @@ def test_empty_inputs_launch_nothing(device):
         rope(q, q.clone(), inv_freq)
         kernels.rope_cos_sin_forward(q, None, q.clone(), None, torch.empty(shape[:2] + (16,), device=device),
                                      torch.empty(shape[:2] + (16,), device=device), False, False, False)
+
+
+TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+                torch.int64: "i64"}
+
+
+def ptx_for_sm90(launch):
+    """Compile one launch of the kernel for an H100 without a GPU (Triton's bundled NVIDIA backend): the
+    interpreter never sees the compiler, e.g. its a*b+c contraction or which sin/cos it emits."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    _, args, kwargs = launch
+    options = {"enable_fp_fusion": kwargs.pop("enable_fp_fusion")}
+    values = dict(zip(kernels._rope_kernel.arg_names, args), **kwargs)
+    signature, constexprs = {}, {}
+    for name, value in values.items():
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + TRITON_TYPES[value.dtype]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif isinstance(value, int) and name not in kwargs:
+            signature[name] = "i64"
+        else:
+            signature[name], constexprs[name] = "constexpr", value
+    source = ASTSource(fn=kernels._rope_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def test_compiles_for_nvidia_as_intended():
+    """Also without a GPU: the kernel compiles for sm_90; the angle uses explicit fp32 fmas (two-product, 2pi
+    reduction constant) and libdevice's accurate __nv_sinf/__nv_cosf (not sin.approx); low precision keeps
+    every rounding of eager HF (no contraction into a bf16 fma)."""
+    if kernels.INTERPRETING:  # @triton.jit gave interpreted functions here: compile in a process without it
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 f"{__file__}::test_compiles_for_nvidia_as_intended"],
+                                env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+        return
+    q = torch.empty(1, 2, 4, 128, dtype=torch.bfloat16)
+    positions = torch.zeros(1, 2, dtype=torch.int64)
+    cu_seqlens = torch.tensor([0, 2], dtype=torch.int32)
+    inv_freq = rope_inv_freq(128)
+    ptx = ptx_for_sm90(kernels._launch_arguments(q, q, q, q, 128, False, False, False, inv_freq=inv_freq,
+                                                 positions=positions, seqlen_offsets=positions[0],
+                                                 cu_seqlens=cu_seqlens))
+    assert "fma.rn.f32" in ptx and "0f40C90FDB" in ptx  # fp32(2pi) = 0x40C90FDB
+    assert "__nv_sinf" in ptx and "__nv_cosf" in ptx and ".approx" not in ptx.split("__nv_sinf")[0]
+    table = torch.empty(1, 2, 128, dtype=torch.bfloat16)
+    ptx = ptx_for_sm90(kernels._launch_arguments(q, None, q, None, 128, True, False, True, cos=table, sin=table))
+    assert "mul.rn.bf16" in ptx and "fma.rn.bf16" not in ptx

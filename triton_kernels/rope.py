@@ -7,7 +7,8 @@ Angle: theta_i = position * inv_freq[i] is reduced to r in [-pi, pi] without los
   p + e = pf * f exactly (fma two-product), n = round(p / 2pi) (half away from zero, as C roundf),
   r = ((p - n*HI) - n*MID) - n*LO + e with 2pi = HI + MID + LO (three fp32 parts, each step one fma).
 The error of r is ~2 fp32 roundings of |r| <= pi (~2.4e-7 rad) whatever the position, where naive fp32 pos*f loses
-~ulp(pos*f) (0.03 rad at pos*f ~ 1e6).
+~ulp(pos*f) (0.03 rad at pos*f ~ 1e6). On NVIDIA, tl.cos/tl.sin lower to libdevice __nv_cosf/__nv_sinf (accurate,
+~1-2 ulp; not sin.approx.f32), whose slow large-argument path is never taken for |r| <= pi.
 
 Interpreter notes (TRITON_INTERPRET=1, CPU): its tl.fma rounds the product first (numpy has no fma), so there the
 fma is done in fp64 (an fp32 product is exact in fp64; the sum rounds twice, which can differ from a true fma by one
@@ -19,11 +20,12 @@ import triton.language as tl
 
 from ._common import INTERPRETING
 
-# 2pi split into three fp32 parts (exact decomposition computed with mpmath), and fp32(1/2pi).
-TWO_PI_HI = 6.2831854820251465          # fp32(2pi)            0x1.921fb6p+2
-TWO_PI_MID = -1.7484555314695172e-07    # fp32(2pi - HI)       -0x1.777a5cp-23
-TWO_PI_LO = -6.8604980400235275e-15     # fp32(2pi - HI - MID) -0x1.ee59dap-48
-INV_TWO_PI = 0.15915493667125702        # fp32(1/2pi)
+# 2pi split into three fp32 parts (exact decomposition computed with mpmath), and fp32(1/2pi). Globals read in
+# @triton.jit code must be tl.constexpr when compiled.
+TWO_PI_HI = tl.constexpr(6.2831854820251465)          # fp32(2pi)            0x1.921fb6p+2
+TWO_PI_MID = tl.constexpr(-1.7484555314695172e-07)    # fp32(2pi - HI)       -0x1.777a5cp-23
+TWO_PI_LO = tl.constexpr(-6.8604980400235275e-15)     # fp32(2pi - HI - MID) -0x1.ee59dap-48
+INV_TWO_PI = tl.constexpr(0.15915493667125702)        # fp32(1/2pi)
 
 # Elements of one head block [BLOCK_H, BLOCK_HALF]: enough to keep a GPU's loads wide, few enough for registers.
 HEAD_BLOCK_ELEMENTS = 2048
@@ -178,30 +180,42 @@ def _strides(x, n):
     return tuple(x.stride(d) for d in range(n)) if x is not None else (0,) * n
 
 
-def _launch(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, low_precision, *, inv_freq=None, positions=None,
-            seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None, attention_scaling=1.0):
+def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, low_precision, *, inv_freq=None,
+                      positions=None, seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None, attention_scaling=1.0):
+    """(grid, positional args, keyword args: constexprs and compile options) of one _rope_kernel launch; None when
+    there is nothing to do."""
     batch, seqlen, n_qheads, head_dim = q.shape
     n_kheads = k.shape[2] if k is not None else 0
     if batch * seqlen == 0 or (n_qheads == 0 and n_kheads == 0):
-        return
+        return None
     half = rotary_dim // 2
     block_half = triton.next_power_of_2(max(half, 1))
     rest = head_dim - rotary_dim
     in_place = q_out.data_ptr() == q.data_ptr() and (k is None or k_out.data_ptr() == k.data_ptr())
     max_heads = max(1, HEAD_BLOCK_ELEMENTS // block_half)
     n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else 0
-    _rope_kernel[(batch * seqlen,)](
-        q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seqlens, cos, sin,
-        seqlen, n_qheads, n_kheads, n_seqs, max(n_seqs - 1, 0).bit_length(), float(attention_scaling),
-        *_strides(q, 3), *_strides(k, 3), *_strides(q_out, 3), *_strides(k_out, 3),
-        *_strides(positions, 2), *_strides(cos, 3), *_strides(sin, 3),
+    args = (q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seqlens, cos, sin,
+            seqlen, n_qheads, n_kheads, n_seqs, max(n_seqs - 1, 0).bit_length(), float(attention_scaling),
+            *_strides(q, 3), *_strides(k, 3), *_strides(q_out, 3), *_strides(k_out, 3),
+            *_strides(positions, 2), *_strides(cos, 3), *_strides(sin, 3))
+    kwargs = dict(
         HALF=half, REST=rest, BLOCK_HALF=block_half, BLOCK_REST=triton.next_power_of_2(max(rest, 1)),
         BLOCK_HQ=min(triton.next_power_of_2(max(n_qheads, 1)), max_heads),
         BLOCK_HK=min(triton.next_power_of_2(max(n_kheads, 1)), max_heads),
         INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate), LOW_PRECISION=bool(low_precision),
         FROM_TABLE=cos is not None, HAS_K=k is not None, HAS_POSITIONS=positions is not None,
         HAS_OFFSETS=seqlen_offsets is not None, HAS_CU=cu_seqlens is not None,
-        COPY_REST=rest > 0 and not in_place, INTERPRETING=INTERPRETING)
+        COPY_REST=rest > 0 and not in_place, INTERPRETING=INTERPRETING,
+        # No a*b+c contraction: with it LLVM narrows rnd(rnd(x1 c) - rnd(x2 s)) to a bf16/fp16 fma (one rounding
+        # fewer than eager HF), and the GPU would differ from the interpreter. Explicit tl.fma is unaffected.
+        enable_fp_fusion=False)
+    return (batch * seqlen,), args, kwargs
+
+
+def _run(launch):
+    if launch is not None:
+        grid, args, kwargs = launch
+        _rope_kernel[grid](*args, **kwargs)
 
 
 def rope_forward(q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seqlens, interleaved: bool,
@@ -216,9 +230,9 @@ def rope_forward(q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seq
     ropewkv.reference.rope.token_positions. conjugate rotates by -theta (the backward pass). low_precision reproduces
     HF eager arithmetic in the io dtype; otherwise all math is fp32 with one rounding at the store.
     """
-    _launch(q, k, q_out, k_out, 2 * inv_freq.numel(), interleaved, conjugate, low_precision, inv_freq=inv_freq,
-            positions=positions, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
-            attention_scaling=attention_scaling)
+    _run(_launch_arguments(q, k, q_out, k_out, 2 * inv_freq.numel(), interleaved, conjugate, low_precision,
+                           inv_freq=inv_freq, positions=positions, seqlen_offsets=seqlen_offsets,
+                           cu_seqlens=cu_seqlens, attention_scaling=attention_scaling))
 
 
 def rope_cos_sin_forward(q, k, q_out, k_out, cos, sin, interleaved: bool, conjugate: bool,
@@ -229,7 +243,8 @@ def rope_cos_sin_forward(q, k, q_out, k_out, cos, sin, interleaved: bool, conjug
     dtype), R = rotary_dim <= D, read at each element's output dim. conjugate negates sin; low_precision rounds the
     tables and every operation to the io dtype (bit-equal to HF eager bf16/fp16).
     """
-    _launch(q, k, q_out, k_out, cos.shape[-1], interleaved, conjugate, low_precision, cos=cos, sin=sin)
+    _run(_launch_arguments(q, k, q_out, k_out, cos.shape[-1], interleaved, conjugate, low_precision, cos=cos,
+                           sin=sin))
 
 
 __all__ = ["rope_forward", "rope_cos_sin_forward"]
