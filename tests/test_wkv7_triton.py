@@ -218,3 +218,12 @@ def test_bad_input_is_named(device):
         call(*args, initial_state=torch.zeros(1, 1, 32, 32, device=device))
     with pytest.raises(ValueError, match="initial_state must be fp32"):
         call(*args, initial_state=torch.zeros(2, 1, 32, 32, dtype=torch.float64, device=device))
+
+
+def test_opcheck(device):
+    """Schema, fake kernel (incl. the checkpoint buffer's shape for varlen), autograd registration, AOT dispatch."""
+    inputs = _inputs(device, 1, 5, 1, 32, torch.float32, "raw", seed=19, initial_state=False)
+    args = [inputs[name].requires_grad_() for name in NAMES]
+    s0 = torch.randn(2, 1, 32, 32, generator=seeded(20)).to(device).requires_grad_()
+    cu_seqlens = torch.tensor([0, 2, 5], device=device)
+    torch.library.opcheck(torch.ops.ropewkv.wkv7_triton_fwd.default, (*args, s0, cu_seqlens, "raw", "fp32", True))
