@@ -73,30 +73,46 @@ def _decay(w, DECAY: tl.constexpr):
 
 
 @triton.jit
-def _bounds(cu_ptr, n, T, VARLEN: tl.constexpr):
+def _program(cu_ptr, T, N: tl.constexpr, VARLEN: tl.constexpr):
+    """This program's sequence n, head h, token range [bos, eos), the index vector and the N x N block offsets."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
     if VARLEN:
         bos = tl.load(cu_ptr + n).to(tl.int64)
         eos = tl.load(cu_ptr + n + 1).to(tl.int64)
     else:
         bos = n * T
         eos = bos + T
-    return bos, eos
+    offs = tl.arange(0, N).to(tl.int64)
+    return n, h, bos, eos, offs, offs[:, None] * N + offs[None, :]
+
+
+@triton.jit
+def _load_state(ptr, offsets, GIVEN: tl.constexpr, N: tl.constexpr):
+    if GIVEN:
+        return tl.load(ptr + offsets)
+    return tl.zeros((N, N), dtype=tl.float32)
+
+
+@triton.jit
+def _token(S, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
+    """One step of the recurrence from S = S_{t-1}: returns S_t and what the adjoint needs (sa, d, dlog, k, v, a, b)."""
+    d, dlog = _decay(_load_in(w_ptr, vec, LOW_PRECISION), DECAY)
+    k = _load_in(k_ptr, vec, LOW_PRECISION)
+    v = _load_in(v_ptr, vec, LOW_PRECISION)
+    a = _load_in(a_ptr, vec, LOW_PRECISION)
+    b = _load_in(b_ptr, vec, LOW_PRECISION)
+    sa = tl.sum(S * a[None, :], axis=1)
+    return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :], sa, d, dlog, k, v, a, b
 
 
 @triton.jit
 def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                      N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                      HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    offs = tl.arange(0, N).to(tl.int64)
-    mat = offs[:, None] * N + offs[None, :]
+    n, h, bos, eos, offs, mat = _program(cu_ptr, T, N, VARLEN)
     state_at = (n * H + h) * N * N + mat
-    if HAS_S0:
-        S = tl.load(s0_ptr + state_at)
-    else:
-        S = tl.zeros((N, N), dtype=tl.float32)
+    S = _load_state(s0_ptr, state_at, HAS_S0, N)
     slot0 = bos // CHUNK + n
     for c in range(0, tl.cdiv(eos - bos, CHUNK)):
         t0 = bos + c * CHUNK
@@ -104,11 +120,7 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
             tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat, S)
         for t in range(t0, tl.minimum(t0 + CHUNK, eos)):
             vec = (t * H + h) * N + offs
-            d, _ = _decay(_load_in(w_ptr, vec, LOW_PRECISION), DECAY)
-            a = _load_in(a_ptr, vec, LOW_PRECISION)
-            sa = tl.sum(S * a[None, :], axis=1)
-            S = (S * d[None, :] + sa[:, None] * _load_in(b_ptr, vec, LOW_PRECISION)[None, :]
-                 + _load_in(v_ptr, vec, LOW_PRECISION)[:, None] * _load_in(k_ptr, vec, LOW_PRECISION)[None, :])
+            S, _, _, _, _, _, _, _ = _token(S, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
             y = tl.sum(S * _load_in(r_ptr, vec, LOW_PRECISION)[None, :], axis=1)
             _store_out(y_ptr, vec, y, LOW_PRECISION)
     tl.store(sT_ptr + state_at, S)
@@ -119,17 +131,10 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
                      dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
                      N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                      HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    bos, eos = _bounds(cu_ptr, n, T, VARLEN)
-    offs = tl.arange(0, N).to(tl.int64)
-    mat = offs[:, None] * N + offs[None, :]
+    n, h, bos, eos, offs, mat = _program(cu_ptr, T, N, VARLEN)
     state_at = (n * H + h) * N * N + mat
     # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
-    if HAS_GST:
-        dS = tl.load(gsT_ptr + state_at)
-    else:
-        dS = tl.zeros((N, N), dtype=tl.float32)
+    dS = _load_state(gsT_ptr, state_at, HAS_GST, N)
     scratch = scratch_ptr + (n * H + h) * CHUNK * N * N + mat
     slot0 = bos // CHUNK + n
     n_chunks = tl.cdiv(eos - bos, CHUNK)
@@ -141,25 +146,16 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
         S = tl.load(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat)
         for t in range(t0, t1):
             tl.store(scratch + (t - t0) * N * N, S)
-            vec = (t * H + h) * N + offs
-            d, _ = _decay(_load_in(w_ptr, vec, LOW_PRECISION), DECAY)
-            sa = tl.sum(S * _load_in(a_ptr, vec, LOW_PRECISION)[None, :], axis=1)
-            S = (S * d[None, :] + sa[:, None] * _load_in(b_ptr, vec, LOW_PRECISION)[None, :]
-                 + _load_in(v_ptr, vec, LOW_PRECISION)[:, None] * _load_in(k_ptr, vec, LOW_PRECISION)[None, :])
+            S, _, _, _, _, _, _, _ = _token(S, (t * H + h) * N + offs, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+                                            LOW_PRECISION)
         tl.debug_barrier()
         for tt in range(0, t1 - t0):
             t = t1 - 1 - tt
             prev = tl.load(scratch + (t - t0) * N * N)
             vec = (t * H + h) * N + offs
+            S, sa, d, dlog, k, v, a, b = _token(prev, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
             r = _load_in(r_ptr, vec, LOW_PRECISION)
-            k = _load_in(k_ptr, vec, LOW_PRECISION)
-            v = _load_in(v_ptr, vec, LOW_PRECISION)
-            a = _load_in(a_ptr, vec, LOW_PRECISION)
-            b = _load_in(b_ptr, vec, LOW_PRECISION)
-            d, dlog = _decay(_load_in(w_ptr, vec, LOW_PRECISION), DECAY)
             gy = tl.load(gy_ptr + vec).to(tl.float32)
-            sa = tl.sum(prev * a[None, :], axis=1)
-            S = prev * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
             dS += gy[:, None] * r[None, :]
             dsa = tl.sum(dS * b[None, :], axis=1)
             _store_out(dr_ptr, vec, tl.sum(S * gy[:, None], axis=0), LOW_PRECISION)
