@@ -162,9 +162,8 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, freq_ptr, pos_ptr, offset_ptr, cu
         sin1 = tl.sin(r) * scaling
         cos2 = cos1
         sin2 = sin1
-    if CONJUGATE:  # the inverse rotation (backward pass)
-        sin1 = -sin1
-        sin2 = -sin2
+    if CONJUGATE:  # the transpose of the rotation (backward pass): for tables with unequal halves the two sines
+        sin1, sin2 = -sin2, -sin1  # also trade places; for an angle this is the inverse rotation, sin -> -sin
 
     _rotate_heads(q_ptr, qo_ptr, q_sb, q_ss, q_sh, qo_sb, qo_ss, qo_sh, b, s, n_qheads, cos1, sin1, cos2, sin2,
                   off1, off2, half_mask, 2 * HALF, REST, BLOCK_REST, BLOCK_HQ, LOW_PRECISION, COPY_REST,
