@@ -135,28 +135,42 @@ def _ops(backend: str):
 
 
 class _InplaceRope(torch.autograd.Function):
-    """The in-place op for autograd: it mutates q and k (mark_dirty, so their version counters and history move on:
-    a tensor some other op saved for backward then fails autograd's version check instead of being silently used)
-    and backpropagates with the functional op, conjugated."""
+    """The in-place op for autograd: it mutates q and k in their own layout (mark_dirty: their history moves on, and
+    the version counters the op bumps make a tensor that some other op saved for backward fail autograd's check
+    instead of being silently used) and backpropagates with the functional op, conjugated. Autograd cannot give a
+    Function several dirty outputs when one is a view, so such q and k go through it one at a time."""
 
     @staticmethod
-    def forward(ctx, q4, k4, backend, args):
+    def forward(ctx, q, k, layout, backend, args):
         functional, inplace, _ = _ops(backend)
-        inplace(q4, k4, *args)
-        ctx.functional = functional
-        ctx.has_k = k4 is not None
+        inplace(_bshd(q, layout, "q"), None if k is None else _bshd(k, layout, "k"), *args)
+        ctx.functional, ctx.layout, ctx.has_k = functional, layout, k is not None
         ctx.save_for_backward(*args[:4])
         ctx.flags = (args[4], not args[5], *args[6:])
-        if k4 is None:
-            ctx.mark_dirty(q4)
-            return q4
-        ctx.mark_dirty(q4, k4)
-        return q4, k4
+        if k is None:
+            ctx.mark_dirty(q)
+            return q
+        ctx.mark_dirty(q, k)
+        return q, k
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = grads + (None,) if len(grads) == 1 else grads
-        return (*_grads(ctx, grads, ctx.functional, (*ctx.saved_tensors, *ctx.flags)), None, None)
+        grads = [None if g is None else reference.to_bshd(g, ctx.layout) for g in grads] + [None]
+        dq, dk = _grads(ctx, grads, ctx.functional, (*ctx.saved_tensors, *ctx.flags))
+        return (_from_bshd(dq, ctx.layout), None if dk is None else _from_bshd(dk, ctx.layout), None, None, None)
+
+
+def _rope_inplace(n: "_Normalised", q, k, layout: str) -> None:
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    if not needs_grad:
+        _ops(n.backend)[1](n.q4, n.k4, *n.args)
+        if n.backend != "triton":  # the C++ schema's mutation bumps no version counter outside autograd
+            torch.autograd.graph.increment_version([x for x in (q, k) if x is not None])
+    elif k is None or not (q._is_view() or k._is_view()):
+        _InplaceRope.apply(q, k, layout, n.backend, n.args)
+    else:
+        for x in (q, k):
+            _InplaceRope.apply(x, None, layout, n.backend, n.args)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -357,7 +371,7 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
                 x4.copy_(out)
             return q if k is None else (q, k)
     elif inplace:
-        _InplaceRope.apply(n.q4, n.k4, n.backend, n.args)
+        _rope_inplace(n, q, k, layout)
         return q if k is None else (q, k)
     else:
         outs = _ops(n.backend)[0](n.q4, n.k4, *n.args)
@@ -365,9 +379,11 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
     return outs[0] if k is None else (outs[0], outs[1])
 
 
-def _table_views(x: torch.Tensor, cos_b: torch.Tensor, axis: int):
-    """x with its head axis moved to dim 2 ([B', S', H, D]) and the [B', S', R] table view for it."""
-    return x.movedim(axis, 2), cos_b.movedim(axis, 2).select(2, 0)
+def _table_views(x: torch.Tensor, cos_u: torch.Tensor, target: tuple, axis: int):
+    """x with its head axis moved to dim 2 ([B', S', H, D]) and the [B', S', R] view of the table (cos_u, size 1 on
+    that axis) broadcast over the other axes."""
+    one_head = target[:axis] + (1,) + target[axis + 1:]
+    return x.movedim(axis, 2), cos_u.expand(one_head).movedim(axis, 2).select(2, 0)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
@@ -421,8 +437,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         except RuntimeError:
             raise ValueError(f"cos/sin {tuple(cos.shape)} unsqueezed at {unsqueeze_dim} do not broadcast to "
                              f"{name}[..., :{rot}] {tuple(target)}") from None
-        x4, c3 = _table_views(x, cos_u.expand(target), axis)
-        _, s3 = _table_views(x, sin_u.expand(target), axis)
+        x4, c3 = _table_views(x, cos_u, target, axis)
+        _, s3 = _table_views(x, sin_u, target, axis)
         outs.append((x4, c3, s3))
     (q4, c3, s3), (k4, kc3, ks3) = outs
     if resolved != "cpu" and cos.dtype == torch.float64:  # only the CPU twin reads fp64 tables
