@@ -46,13 +46,19 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats (a smoke run)")
     p.add_argument("--out", default=None, help="directory for <name>.json and <name>.md (and <name>.png)")
     p.add_argument("--plot", action="store_true", help="also draw <name>.png (needs matplotlib)")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines (slow to compile)")
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="time the torch.compile baselines (default: on CUDA only; compiling on a CPU takes minutes)")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile baselines")
     p.add_argument("--only", default=None, help="comma-separated substrings: run only implementations matching one")
     return p
 
 
 def resolve_device(name: Optional[str]) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def want_compile(args, device: torch.device) -> bool:
+    return device.type == "cuda" if args.compile is None else args.compile
 
 
 def selected(args, impl_name: str) -> bool:
@@ -257,22 +263,23 @@ def time_modes(work: Work, device: torch.device, quick: bool) -> dict:
     return results
 
 
-def rel_error(out, ref) -> float:
+def rel_error(out, ref) -> Optional[float]:
     """max over outputs of ||out - ref|| / ||ref||, in fp32 on the device: a sanity check that the timed thing
     computes the right function (the precise error figures come from `python -m ropewkv parity`)."""
     pairs = zip(*(x if isinstance(x, (tuple, list)) else (x,) for x in (out, ref)))
-    return max(float(torch.linalg.vector_norm(o.detach().float() - r.detach().float())
-                     / torch.linalg.vector_norm(r.detach().float())) for o, r in pairs if r is not None)
+    errors = [float(torch.linalg.vector_norm(o.detach().float() - r.detach().float())
+                    / torch.linalg.vector_norm(r.detach().float())) for o, r in pairs if r is not None]
+    return max(errors, default=None)
 
 
 KEY = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fb"}
 
 
 def measure(report: "Report", device: torch.device, quick: bool, copy_bps: float, *, shape: str, impl: str,
-            work: Work, bytes_per_fwd: Optional[float] = None, tokens: Optional[int] = None,
+            work: Work, bytes_per_mode: Optional[dict] = None, tokens: Optional[int] = None,
             host_call: Optional[Callable[[tuple], Callable]] = None) -> dict:
-    """Time `work` in each mode and add a row: <k>_us, <k>_GBps (bytes_per_fwd per fwd or bwd pass, twice that for
-    fwd+bwd), <k>_pct (of the copy bandwidth), <k>_tok_s (tokens per second), for k in fwd/bwd/fb; with
+    """Time `work` in each mode and add a row: <k>_us, <k>_GBps (bytes_per_mode[mode] / time), <k>_pct (of the
+    copy bandwidth), <k>_tok_s (tokens per second), for k in fwd/bwd/fb (modes fwd/bwd/fwd+bwd); with
     host_call(args) -> call, also host_us and graph_us (see host_overhead). A mode that cannot run holds its
     reason in <k>_us; when every mode fails the same way the reason is shown once."""
     timings = time_modes(work, device, quick)
@@ -282,15 +289,14 @@ def measure(report: "Report", device: torch.device, quick: bool, copy_bps: float
         if not isinstance(value, float):
             row[f"{k}_us"] = value
             continue
-        passes = 2 if mode == "fwd+bwd" else 1
         row[f"{k}_us"] = value * 1e6
-        if bytes_per_fwd:
-            row[f"{k}_GBps"] = passes * bytes_per_fwd / value / 1e9
-            row[f"{k}_pct"] = 100 * passes * bytes_per_fwd / value / copy_bps
+        if bytes_per_mode and mode in bytes_per_mode:
+            row[f"{k}_GBps"] = bytes_per_mode[mode] / value / 1e9
+            row[f"{k}_pct"] = 100 * bytes_per_mode[mode] / value / copy_bps
         if tokens:
             row[f"{k}_tok_s"] = tokens / value
     failures = [v for v in timings.values() if not isinstance(v, float)]
-    if len(timings) > 1 and len(failures) == len(timings) and len(set(failures)) == 1:
+    if len(failures) == len(timings) and len(set(failures)) == 1:
         for mode in list(timings)[1:]:
             row[f"{KEY[mode]}_us"] = "(same)"
         if row["rel_err"] == failures[0]:
@@ -306,6 +312,12 @@ def measure(report: "Report", device: torch.device, quick: bool, copy_bps: float
             row["host_us"] = describe_failure(error)
     sync(device)
     return report.add(**row)
+
+
+def pass_bytes(fwd: float, bwd: Optional[float] = None) -> dict:
+    """Bytes per mode when a fwd pass moves `fwd` bytes and a bwd pass `bwd` (default: the same)."""
+    bwd = fwd if bwd is None else bwd
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
 
 
 def speedups(rows: list, shape: str, key: str, ours: str, baselines: Sequence[str]) -> list:

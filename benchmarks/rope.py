@@ -1,6 +1,6 @@
 """RoPE benchmark: fwd, bwd and fwd+bwd GB/s against the copy bandwidth measured in the same run.
 
-    python benchmarks/rope.py [--device cuda|cpu] [--quick] [--out DIR] [--plot] [--no-compile] [--only SUBSTR,..]
+    python benchmarks/rope.py [--device cuda|cpu] [--quick] [--out DIR] [--plot] [--[no-]compile] [--only SUBSTR,..]
 
 Bytes counted (the floor): q and k read once and written once, 2 * (numel(q) + numel(k)) * itemsize per fwd or bwd
 pass (cos/sin tables of the peers are not counted: they are S*D, small against B*S*H*D). Memory layout is the one a
@@ -121,7 +121,7 @@ def implementations(inputs: Inputs, device: torch.device, args) -> list:
                           q, k, inputs.cos, inputs.sin)))
     eager = _hf_style(ref.hf_apply_rotary_pos_emb)
     impls.append(("eager HF", lambda q, k: eager(q, k, inputs.cos, inputs.sin)))
-    if not args.no_compile:
+    if common.want_compile(args, device):
         compiled = torch.compile(eager, dynamic=False)
         impls.append(("torch.compile(eager HF)", lambda q, k: compiled(q, k, inputs.cos, inputs.sin)))
 
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
             work = common.Work(fn, inputs.make_set, reference=inputs.reference)
             host = (lambda a, f=fn: (lambda: f(*a))) if shape.decode else None
             common.measure(report, device, args.quick, copy_bps, shape=label, impl=name, work=work,
-                           bytes_per_fwd=2 * numel * dtype.itemsize, host_call=host)
+                           bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize), host_call=host)
     rows = report.rows
     columns = [("shape", "shape", ""), ("impl", "impl", ""), ("rel_err", "rel err", ".1e")]
     for k, title in (("fwd", "fwd"), ("bwd", "bwd"), ("fb", "fwd+bwd")):
