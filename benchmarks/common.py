@@ -75,21 +75,18 @@ def describe_failure(error: BaseException) -> str:
     return f"{kind} ({type(error).__name__}: {message[:120]})"
 
 
-def import_peer(module: str, attr: str):
-    """A peer's function, or ImportError/AttributeError (reported as n/a)."""
-    return getattr(importlib.import_module(module), attr)
-
-
-def peer(module: str, attr: str) -> Callable:
+def peer(module: str, attr: str, device: torch.device) -> Callable:
     """A peer's function imported now, or a stand-in that raises the import failure when called (so the table
-    shows n/a and the import is not timed)."""
+    shows n/a and the import is not timed). The peers are Triton GPU kernels: n/a on other devices."""
     try:
-        return import_peer(module, attr)
+        if device.type != "cuda":
+            raise NotImplementedError(f"a Triton GPU kernel; not run on {device.type}")
+        return getattr(importlib.import_module(module), attr)
     except Exception as error:  # a broken peer install is an n/a row, not a crash
-        reason = f"{type(error).__name__}: {error}"
+        failure = error
 
         def unavailable(*args, **kwargs):
-            raise ImportError(reason)
+            raise failure.with_traceback(None)
         return unavailable
 
 
@@ -378,7 +375,7 @@ def environment(device: torch.device, copy_bytes_per_s: float) -> dict:
         "cuda": torch.version.cuda or "none",
         "triton": _version("triton"),
         "ropewkv": f"{ropewkv_version} ({_git_commit()})",
-        "peers": {name: _version(name) for name in ("liger-kernel", "flash-attn", "flash-linear-attention")},
+        "peers": {name: _version(name) for name in ("liger-kernel", "flash-attn", "flash-linear-attention", "fla-core")},
         "copy_GBps": copy_bytes_per_s / 1e9,
     }
 

@@ -125,9 +125,9 @@ def implementations(inputs: Inputs, device: torch.device, args) -> list:
         compiled = torch.compile(eager, dynamic=False)
         impls.append(("torch.compile(eager HF)", lambda q, k: compiled(q, k, inputs.cos, inputs.sin)))
 
-    liger = common.peer("liger_kernel.transformers.rope", "liger_rotary_pos_emb")
+    liger = common.peer("liger_kernel.transformers.rope", "liger_rotary_pos_emb", device)
     impls.append(("Liger-Kernel", lambda q, k: _hf_style(liger)(q, k, inputs.cos, inputs.sin)))  # rotates in place
-    flash = common.peer("flash_attn.ops.triton.rotary", "apply_rotary")
+    flash = common.peer("flash_attn.ops.triton.rotary", "apply_rotary", device)
     impls.append(("flash-attn triton", lambda q, k: tuple(
         _FlashRotary.apply(x, *inputs.flash_tables, inputs.offsets, flash) for x in (q, k))))
     return [(n, f) for n, f in impls if common.selected(args, n)]

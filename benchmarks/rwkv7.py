@@ -31,6 +31,7 @@ from ropewkv.testing.rwkv7 import rwkv7_inputs  # noqa: E402
 
 NAMES = ("r", "w", "k", "v", "a", "b")
 DECAY = "loglog"
+LOG_DECAY_BOUND = -0.61  # log d > -e^-0.5 = -0.6065, and bf16 rounding of it stays above -0.6094
 
 
 @dataclass
@@ -81,9 +82,12 @@ def wkv7_impls(device, args, eager_ok: bool) -> list:
         for precision in ("fp32", "bf16"):
             impls.append((f"ropewkv.wkv7[{backend},{precision}]", lambda *x, b=backend, p=precision: ropewkv.wkv7(
                 *x, decay=DECAY, precision=p, backend=b)[0], *same))
-    fla = common.peer("fla.ops.rwkv7", "chunk_rwkv7")
-    impls.append(("FLA chunk_rwkv7", lambda *x: _fla_call(fla, *x, output_final_state=False)[0],
-                  lambda x: {**x, "w": _log_w(x["w"])}, lambda x: ref.wkv7(*x, decay="log", dtype=torch.float32)[0]))
+    fla = common.peer("fla.ops.rwkv7", "chunk_rwkv7", device)
+    fla_args = (lambda x: {**x, "w": _log_w(x["w"])}, lambda x: ref.wkv7(*x, decay="log", dtype=torch.float32)[0])
+    impls.append(("FLA chunk_rwkv7", lambda *x: _fla_call(fla, *x, output_final_state=False)[0], *fla_args))
+    # FLA's faster tensor-core path when the caller vouches for the log decay's bound
+    impls.append(("FLA chunk_rwkv7 lower_bound", lambda *x: _fla_call(
+        fla, *x, output_final_state=False, lower_bound=LOG_DECAY_BOUND)[0], *fla_args))
     if eager_ok:
         eager = functools.partial(ref.wkv7, decay=DECAY, dtype=torch.float32)
         impls.append(("eager reference", lambda *x: eager(*x)[0], *same))
@@ -126,7 +130,7 @@ def decode_impls(device, args) -> list:
     same = (lambda x: x, lambda x: ref.wkv7_step(*_fp32(x), decay=DECAY)[0])
     impls = [(f"ropewkv.wkv7_step[{b}]", lambda *x, b=b: ropewkv.wkv7_step(*x, decay=DECAY, backend=b), *same)
              for b in _kernel_backends(device)]
-    fla = common.peer("fla.ops.rwkv7", "fused_recurrent_rwkv7")
+    fla = common.peer("fla.ops.rwkv7", "fused_recurrent_rwkv7", device)
 
     def fla_step(r, w, k, v, a, b, state):  # FLA takes [B, T=1, H, N] and its state is ours transposed
         x = (t.unsqueeze(1) for t in (r, w, k, v, a, b))
