@@ -117,27 +117,26 @@ def tensor_bytes(obj) -> int:
     return 0
 
 
-def time_calls(calls: Sequence[Callable[[], object]], device: torch.device, quick: bool = False) -> float:
-    """Median seconds per call, cycling over `calls` (one closure per rotated input set)."""
-    n = len(calls)
-    warmup, repeats = (2, 5) if quick else (5, 25)
-    for i in range(max(warmup, n)):
-        calls[i % n]()
-    sync(device)
-    if device.type == "cpu":
-        samples = []
-        for i in range(repeats):
-            start = time.perf_counter()
-            calls[i % n]()
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
-    # Estimate once, then batch so each event-timed interval is >= 0.5 ms.
+def _seconds(call: Callable[[], object], device: torch.device) -> float:
     start = time.perf_counter()
-    for i in range(n):
-        calls[i]()
+    call()
     sync(device)
-    per_call = (time.perf_counter() - start) / n
-    batch = max(1, min(1000, math.ceil(5e-4 / max(per_call, 1e-7))))
+    return time.perf_counter() - start
+
+
+def time_calls(calls: Sequence[Callable[[], object]], device: torch.device, quick: bool = False) -> float:
+    """Median seconds per call, cycling over `calls` (one closure per rotated input set). Repeats: 25 (quick: 5),
+    fewer (down to 5) when they would take more than ~2 s (quick: 0.3 s), e.g. the eager loops."""
+    n = len(calls)
+    warmup, max_repeats, budget = (2, 5, 0.3) if quick else (5, 25, 2.0)
+    for i in range(warmup):
+        calls[i % n]()
+    per_call = statistics.median(_seconds(calls[i % n], device) for i in range(3))
+    if device.type == "cpu":
+        repeats = max(5, min(max_repeats, int(budget / per_call)))
+        return statistics.median(_seconds(calls[i % n], device) for i in range(repeats))
+    batch = max(1, min(1000, math.ceil(5e-4 / max(per_call, 1e-7))))  # each event-timed interval >= 0.5 ms
+    repeats = max(5, min(max_repeats, int(budget / (per_call * batch))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     k = 0
     for begin, end in events:
@@ -223,21 +222,23 @@ def _backward_call(fn, args, grad_inputs, with_forward: bool):
 
 def time_modes(work: Work, device: torch.device, quick: bool) -> dict:
     """{mode: seconds or failure string} for each requested mode (fwd runs under no_grad), plus "rel_err" when
-    work.check is given. A failure to build the inputs fails every mode with the same reason."""
+    work.reference is given. A failure of the first fwd call fails every mode with the same reason.
+    Input sets rotate only for calls under 1 ms: a longer call streams far more than the cache by itself."""
+    results = {}
     try:
         first_args, first_grads = work.make_set()
-        n_sets = rotation_count(tensor_bytes(first_args), device)
+        with torch.no_grad():
+            expected = work.reference(first_args) if work.reference is not None else None  # before fn: some
+            out = work.fn(*first_args)  # peers rotate in place. The first call also compiles / autotunes.
+            if expected is not None:
+                results["rel_err"] = rel_error(out, expected)
+            del out, expected
+            probe = _seconds(lambda: work.fn(*first_args), device)
+        n_sets = 1 if probe > 1e-3 else rotation_count(tensor_bytes(first_args), device)
         sets = [(first_args, first_grads)] + [work.make_set() for _ in range(n_sets - 1)]
     except Exception as error:
-        return {mode: describe_failure(error) for mode in work.modes}
-    results = {}
-    if work.reference is not None:
-        try:
-            with torch.no_grad():  # the reference first: some peers rotate their inputs in place
-                expected = work.reference(first_args)
-                results["rel_err"] = rel_error(work.fn(*first_args), expected)
-        except Exception as error:
-            results["rel_err"] = describe_failure(error)
+        failure = describe_failure(error)
+        return {"rel_err": failure, **{mode: failure for mode in work.modes}}
     for mode in work.modes:
         try:
             if mode == "fwd":

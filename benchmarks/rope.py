@@ -72,8 +72,8 @@ class Inputs:
         """Fresh q, k in bshd, requiring grad: N(0,1) from the project's generator, tiled to the full shape."""
         s = self.shape
         base = min(s.batch, 4), min(s.seqlen, 256)
-        q, k = (common.tile(rope_input(*base, h, s.head_dim, self.dtype, generator=self.generator),
-                            (s.batch, s.seqlen, h, s.head_dim)).to(self.device).requires_grad_()
+        q, k = (common.tile(rope_input(*base, h, s.head_dim, self.dtype, generator=self.generator, device=self.device),
+                            (s.batch, s.seqlen, h, s.head_dim)).requires_grad_()
                 for h in (s.q_heads, s.k_heads))
         return (q, k), [q, k]
 
