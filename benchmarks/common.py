@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -37,6 +37,7 @@ import torch
 UNAVAILABLE = (AttributeError, ImportError, NotImplementedError)
 CPU_CACHE_BYTES = 32 << 20
 MODES = ("fwd", "bwd", "fwd+bwd")
+PEERS = ("liger-kernel", "flash-attn", "flash-linear-attention", "fla-core")  # distributions, for the versions
 
 
 # ----------------------------------------------------------------------------------------------------------- CLI
@@ -273,13 +274,13 @@ def rel_error(out, ref) -> Optional[float]:
 KEY = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fb"}
 
 
-def measure(report: "Report", device: torch.device, quick: bool, copy_bps: float, *, shape: str, impl: str,
-            work: Work, bytes_per_mode: Optional[dict] = None, tokens: Optional[int] = None,
-            host_call: Optional[Callable[[tuple], Callable]] = None) -> dict:
+def measure(session: "Session", *, shape: str, impl: str, work: Work, bytes_per_mode: Optional[dict] = None,
+            tokens: Optional[int] = None, host_call: Optional[Callable[[tuple], Callable]] = None) -> dict:
     """Time `work` in each mode and add a row: <k>_us, <k>_GBps (bytes_per_mode[mode] / time), <k>_pct (of the
     copy bandwidth), <k>_tok_s (tokens per second), for k in fwd/bwd/fb (modes fwd/bwd/fwd+bwd); with
     host_call(args) -> call, also host_us and graph_us (see host_overhead). A mode that cannot run holds its
     reason in <k>_us; when every mode fails the same way the reason is shown once."""
+    device, quick, copy_bps = session.device, session.args.quick, session.copy_bps
     timings = time_modes(work, device, quick)
     row = {"shape": shape, "impl": impl, "rel_err": timings.pop("rel_err", None)}
     for mode, value in timings.items():
@@ -309,7 +310,9 @@ def measure(report: "Report", device: torch.device, quick: bool, copy_bps: float
         except Exception as error:
             row["host_us"] = describe_failure(error)
     sync(device)
-    return report.add(**row)
+    session.rows.append(row)
+    print("  " + ", ".join(f"{k}={fmt(v, '.4g')}" for k, v in row.items()), file=sys.stderr, flush=True)
+    return row
 
 
 def pass_bytes(fwd: float, bwd: Optional[float] = None) -> dict:
@@ -342,6 +345,9 @@ def _version(dist: str) -> str:
 
 
 def _git_commit() -> str:
+    """ROPEWKV_COMMIT if set (the device machine's copy of the tree may have no .git), else git's HEAD."""
+    if os.environ.get("ROPEWKV_COMMIT"):
+        return os.environ["ROPEWKV_COMMIT"]
     try:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -376,7 +382,7 @@ def environment(device: torch.device, copy_bytes_per_s: float) -> dict:
         "cuda": torch.version.cuda or "none",
         "triton": _version("triton"),
         "ropewkv": f"{ropewkv_version} ({_git_commit()})",
-        "peers": {name: _version(name) for name in ("liger-kernel", "flash-attn", "flash-linear-attention", "fla-core")},
+        "peers": {name: _version(name) for name in PEERS},
         "copy_GBps": copy_bytes_per_s / 1e9,
     }
 
@@ -446,15 +452,30 @@ def bar_plot(plt, path: str, rows: list, group_key: str, label_key: str, value_k
     plt.close(fig)
 
 
-@dataclass
-class Report:
-    """Rows accumulated by a benchmark script, with per-row derived metrics filled by the script."""
-    rows: list = field(default_factory=list)
+MODE_TITLES = (("fwd", "fwd"), ("bwd", "bwd"), ("fb", "fwd+bwd"))
 
-    def add(self, **row) -> dict:
-        self.rows.append(row)
-        print("  " + ", ".join(f"{k}={fmt(v, '.4g')}" for k, v in row.items()), file=sys.stderr, flush=True)
-        return row
+
+class Session:
+    """One benchmark run: parsed args, device, the copy bandwidth and environment measured first, the rows."""
+
+    def __init__(self, description: str, argv=None):
+        self.args = parser(description).parse_args(argv)
+        self.device = resolve_device(self.args.device)
+        torch.manual_seed(0)
+        self.copy_bps = copy_bandwidth(self.device, self.args.quick)
+        self.env = environment(self.device, self.copy_bps)
+        self.rows: list = []
+
+    def measure(self, **kwargs) -> dict:
+        return measure(self, **kwargs)
+
+    def finish(self, name: str, title: str, columns: Sequence[tuple], notes: Sequence[str],
+               plot: Optional[Callable] = None) -> int:
+        """Write <name>.json/.md (and .png with --plot), print the markdown table last."""
+        columns = [("shape", "shape", ""), ("impl", "impl", ""), ("rel_err", "rel err", ".1e"), *columns]
+        text = markdown(title, self.env, columns, self.rows, notes)
+        write_outputs(self.args, name, self.env, self.rows, text, plot)
+        return 0
 
 
 def tile(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:

@@ -8,9 +8,10 @@
 # The summary (one line per step, the speed-up notes, the parity count) is printed last.
 #
 # Knobs (environment): STEPS (comma list, default all, in the order below), TOTAL_S, PLOT=0 to skip the PNGs,
-# BENCH_ARGS (extra args for both benchmarks, e.g. --quick), SAN_K (pytest -k for the sanitizers),
+# BENCH_ARGS (extra args for both benchmarks, e.g. --quick), SAN_K (pytest -k for the sanitizers; pytest's rc 5
+# means no test matched it), ROPEWKV_COMMIT (the commit to print in the tables: the copy may have no .git),
 # TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only, half the compile time of a multi-arch build).
-# Typical use, two calls while the machine stays warm (the build in build/ is reused by the second):
+# Typical use, two calls while the machine stays warm (the second reuses the built python/ropewkv/_C_cuda*.so):
 #   1) benchmarks/gpu_session.sh                                   (sanitizers run only if time is left)
 #   2) STEPS=env,wheels,build,memcheck,racecheck,initcheck,synccheck benchmarks/gpu_session.sh
 set -u -o pipefail
@@ -28,7 +29,8 @@ PY=${PYTHON:-python3}
 PLOT_ARG=$([[ ${PLOT:-1} == 1 ]] && echo --plot)
 SAN_K=${SAN_K:-cuda and not triton and not compile}
 DEVICE=${DEVICE:-cuda}  # cpu: a dry run of the script's plumbing on a machine without a GPU
-export PY SAN_K DEVICE PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+export PY SAN_K DEVICE PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 export TMPDIR=$ROOT/build/tmp TRITON_CACHE_DIR=$ROOT/build/triton TORCHINDUCTOR_CACHE_DIR=$ROOT/build/inductor
 unset TRITON_INTERPRET  # real Triton on the GPU
 SUMMARY=()
@@ -67,7 +69,16 @@ install_wheels() {
 }
 
 build() {
-    ROPEWKV_CUDA=$([[ $DEVICE == cuda ]] && echo 1 || echo auto) "$PY" -m pip install -e . --no-build-isolation --no-deps &&
+    local so
+    so=$(ls python/ropewkv/_C_cuda*.so 2>/dev/null | head -1)
+    if [[ $DEVICE == cuda && -n $so && -z $(find csrc setup.py -newer "$so" -print -quit) ]] &&
+        "$PY" -c "import ropewkv._C_cuda"; then
+        echo "build up to date ($so newer than csrc/ and setup.py): not rebuilt"
+        return 0
+    fi
+    local cuda=auto
+    [[ $DEVICE == cuda ]] && cuda=1  # fail loudly if the CUDA extension cannot be built
+    ROPEWKV_CUDA=$cuda "$PY" -m pip install -e . --no-build-isolation --no-deps &&
         "$PY" -c "import torch, ropewkv; print('backends:', ropewkv.available_backends(torch.device('$DEVICE')))"
 }
 

@@ -134,28 +134,20 @@ def implementations(inputs: Inputs, device: torch.device, args) -> list:
 
 
 def main(argv=None) -> int:
-    args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
-    device = common.resolve_device(args.device)
-    torch.manual_seed(0)
-    copy_bps = common.copy_bandwidth(device, args.quick)
-    env = common.environment(device, copy_bps)
-    report = common.Report()
+    session = common.Session(__doc__.splitlines()[0], argv)
+    device, args = session.device, session.args
     dtype = torch.bfloat16
     for shape in shapes(device, args.quick):
-        generator = torch.Generator().manual_seed(0)
-        inputs = Inputs(shape, dtype, device, generator)
+        inputs = Inputs(shape, dtype, device, torch.Generator().manual_seed(0))
         numel = shape.batch * shape.seqlen * (shape.q_heads + shape.k_heads) * shape.head_dim
         label = f"{shape.name} Hq{shape.q_heads} Hk{shape.k_heads} D{shape.head_dim}"
         for name, fn in implementations(inputs, device, args):
-            work = common.Work(fn, inputs.make_set, reference=inputs.reference)
             host = (lambda a, f=fn: (lambda: f(*a))) if shape.decode else None
-            common.measure(report, device, args.quick, copy_bps, shape=label, impl=name, work=work,
-                           bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize), host_call=host)
-    rows = report.rows
-    columns = [("shape", "shape", ""), ("impl", "impl", ""), ("rel_err", "rel err", ".1e")]
-    for k, title in (("fwd", "fwd"), ("bwd", "bwd"), ("fb", "fwd+bwd")):
-        columns += [(f"{k}_us", f"{title} µs", ".1f"), (f"{k}_GBps", f"{title} GB/s", ".0f"),
-                    (f"{k}_pct", "% copy", ".0f")]
+            session.measure(shape=label, impl=name, work=common.Work(fn, inputs.make_set, reference=inputs.reference),
+                            bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize), host_call=host)
+    rows, copy_bps, env = session.rows, session.copy_bps, session.env
+    columns = [c for k, title in common.MODE_TITLES for c in (
+        (f"{k}_us", f"{title} µs", ".1f"), (f"{k}_GBps", f"{title} GB/s", ".0f"), (f"{k}_pct", "% copy", ".0f"))]
     columns += [("host_us", "host µs/call", ".1f"), ("graph_us", "graph µs/call", ".1f")]
     notes = [f"bf16 q and k; bytes per pass = 2*(numel q + numel k)*2; fwd+bwd counts two passes. % copy is of the "
              f"{copy_bps / 1e9:.1f} GB/s measured above.",
@@ -169,13 +161,11 @@ def main(argv=None) -> int:
         for key in ("fwd_us", "fb_us"):
             notes += common.speedups(rows, shape, key, "ropewkv.rope[", ["eager HF", "torch.compile", "Liger",
                                                                          "flash-attn"])
-    text = common.markdown("RoPE", env, columns, rows, notes)
 
     def plot(plt, path):
         common.bar_plot(plt, path, rows, "shape", "impl", "fb_pct", "fwd+bwd, % of copy bandwidth",
                         f"RoPE on {env['device']}")
-    common.write_outputs(args, "rope", env, rows, text, plot)
-    return 0
+    return session.finish("rope", "RoPE", columns, notes, plot)
 
 
 if __name__ == "__main__":

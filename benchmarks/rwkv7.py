@@ -111,7 +111,8 @@ def _kernel_backends(device):
             if b != "reference" and not (b == "triton" and device.type == "cpu")]  # the interpreter is no benchmark
 
 
-def bench_wkv7(report, device, args, copy_bps, dtype, shape, eager_ok):
+def bench_wkv7(session, dtype, shape, eager_ok):
+    device, args = session.device, session.args
     batch, seqlen, heads, n = shape
     label = f"B{batch} T{seqlen} H{heads} N{n}" + (" (+eager)" if eager_ok else "")
     generator = torch.Generator().manual_seed(0)
@@ -121,7 +122,7 @@ def bench_wkv7(report, device, args, copy_bps, dtype, shape, eager_ok):
             args_ = tuple(x[k].detach().requires_grad_() for k in NAMES)
             return args_, list(args_)
         work = common.Work(fn, make_set, reference=reference)
-        common.measure(report, device, args.quick, copy_bps, shape=label, impl=name, work=work,
+        session.measure(shape=label, impl=name, work=work,
                        tokens=batch * seqlen)
 
 
@@ -147,7 +148,8 @@ def decode_impls(device, args) -> list:
     return [i for i in impls if common.selected(args, i[0])]
 
 
-def bench_decode(report, device, args, copy_bps, dtype, batch, heads, n):
+def bench_decode(session, dtype, batch, heads, n):
+    device, args = session.device, session.args
     label = f"decode B{batch} H{heads} N{n}"
     generator = torch.Generator().manual_seed(0)
     for name, fn, prepare, reference in decode_impls(device, args):
@@ -156,13 +158,14 @@ def bench_decode(report, device, args, copy_bps, dtype, batch, heads, n):
                          _tiled_inputs(batch, 1, heads, n, dtype, device, generator, state=True).items()})
             return tuple(x[k] for k in (*NAMES, "state")), []
         work = common.Work(fn, make_set, modes=("fwd",), reference=reference)
-        common.measure(report, device, args.quick, copy_bps, shape=label, impl=name, work=work,
+        session.measure(shape=label, impl=name, work=work,
                        bytes_per_mode={"fwd": 2 * batch * heads * n * n * 4}, tokens=batch,
                        host_call=lambda a, f=fn: (lambda: f(*a)))
 
 
 # ------------------------------------------------------------------------------------------------- log decay
-def bench_log_decay(report, device, args, copy_bps, dtype, shape):
+def bench_log_decay(session, dtype, shape):
+    device, args = session.device, session.args
     label = "log_decay " + "x".join(map(str, shape))
     generator = torch.Generator().manual_seed(0)
 
@@ -183,29 +186,23 @@ def bench_log_decay(report, device, args, copy_bps, dtype, shape):
         if not common.selected(args, name):
             continue
         work = common.Work(fn, make_set, reference=lambda x: eager(x[0].double()))
-        common.measure(report, device, args.quick, copy_bps, shape=label, impl=name, work=work,
+        session.measure(shape=label, impl=name, work=work,
                        bytes_per_mode=common.pass_bytes(6 * numel, 8 * numel))
 
 
 def main(argv=None) -> int:
-    args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
-    device = common.resolve_device(args.device)
-    torch.manual_seed(0)
-    copy_bps = common.copy_bandwidth(device, args.quick)
-    env = common.environment(device, copy_bps)
-    cfg = config(device, args.quick)
-    report = common.Report()
+    session = common.Session(__doc__.splitlines()[0], argv)
+    cfg = config(session.device, session.args.quick)
     dtype = torch.bfloat16
     for shape in cfg.seq:
-        bench_wkv7(report, device, args, copy_bps, dtype, shape, eager_ok=False)
-    bench_wkv7(report, device, args, copy_bps, dtype, cfg.small, eager_ok=True)
+        bench_wkv7(session, dtype, shape, eager_ok=False)
+    bench_wkv7(session, dtype, cfg.small, eager_ok=True)
     for batch in cfg.decode_batches:
-        bench_decode(report, device, args, copy_bps, dtype, batch, *cfg.decode_hn)
-    bench_log_decay(report, device, args, copy_bps, dtype, cfg.decay_shape)
-    rows = report.rows
-    columns = [("shape", "shape", ""), ("impl", "impl", ""), ("rel_err", "rel err", ".1e")]
-    for k, title in (("fwd", "fwd"), ("bwd", "bwd"), ("fb", "fwd+bwd")):
-        columns += [(f"{k}_us", f"{title} µs", ".1f"), (f"{k}_tok_s", f"{title} tok/s", ".3g")]
+        bench_decode(session, dtype, batch, *cfg.decode_hn)
+    bench_log_decay(session, dtype, cfg.decay_shape)
+    rows, copy_bps, env = session.rows, session.copy_bps, session.env
+    columns = [c for k, title in common.MODE_TITLES for c in (
+        (f"{k}_us", f"{title} µs", ".1f"), (f"{k}_tok_s", f"{title} tok/s", ".3g"))]
     columns += [("fwd_GBps", "fwd GB/s", ".0f"), ("fwd_pct", "fwd % copy", ".0f"), ("fb_GBps", "fwd+bwd GB/s", ".0f"),
                 ("host_us", "host µs/call", ".1f"), ("graph_us", "graph µs/call", ".1f")]
     notes = [f"bf16 inputs, decay '{DECAY}' (FLA gets the same decays as log decay). tok/s = B*T / time "
@@ -221,13 +218,11 @@ def main(argv=None) -> int:
     for shape in dict.fromkeys(r["shape"] for r in rows):
         for key in ("fwd_us", "fb_us"):
             notes += common.speedups(rows, shape, key, "ropewkv.", ["eager", "torch.compile", "FLA"])
-    text = common.markdown("RWKV-7", env, columns, rows, notes)
 
     def plot(plt, path):
         common.bar_plot(plt, path, [r for r in rows if not r["shape"].startswith(("decode", "log_decay"))],
                         "shape", "impl", "fb_tok_s", "fwd+bwd tokens/s", f"WKV7 on {env['device']}")
-    common.write_outputs(args, "rwkv7", env, rows, text, plot)
-    return 0
+    return session.finish("rwkv7", "RWKV-7", columns, notes, plot)
 
 
 if __name__ == "__main__":
