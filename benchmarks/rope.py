@@ -154,7 +154,8 @@ def main(argv=None) -> int:
              "rel err: ||out - ref|| / ||ref|| of the fwd output against the fp32 eager reference (a sanity check; "
              "`python -m ropewkv parity` has the precise figures).",
              "host µs/call: CPU time per eager call at decode (on CPU this includes the compute); graph µs/call: "
-             "device time per CUDA-graph replay.",
+             "device time per CUDA-graph replay. At decode the µs columns time back-to-back eager calls, so they are "
+             "host-bound wherever the host is slower than the GPU.",
              "Goals (reported, not asserted): >= 90% of copy at the training shapes; >= 1.2x the best peer; "
              "<= 15 µs host per call at decode; CPU twin >= 3x eager."]
     for shape in dict.fromkeys(r["shape"] for r in rows):
