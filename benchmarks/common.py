@@ -408,11 +408,15 @@ def markdown(title: str, env: dict, columns: Sequence[tuple], rows: Sequence[dic
     return "\n".join(lines) + "\n"
 
 
+def write_json(out: str, name: str, env: dict, rows: list, complete: bool) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump({"environment": env, "complete": complete, "rows": rows}, f, indent=1, default=str)
+
+
 def write_outputs(args, name: str, env: dict, rows: list, text: str, plot: Optional[Callable] = None) -> None:
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"{name}.json"), "w") as f:
-            json.dump({"environment": env, "rows": rows}, f, indent=1, default=str)
+        write_json(args.out, name, env, rows, complete=True)
         with open(os.path.join(args.out, f"{name}.md"), "w") as f:
             f.write(text)
     if args.plot and plot is not None:
@@ -459,7 +463,8 @@ MODE_TITLES = (("fwd", "fwd"), ("bwd", "bwd"), ("fb", "fwd+bwd"))
 class Session:
     """One benchmark run: parsed args, device, the copy bandwidth and environment measured first, the rows."""
 
-    def __init__(self, description: str, argv=None):
+    def __init__(self, name: str, title: str, description: str, argv=None):
+        self.name, self.title = name, title
         self.args = parser(description).parse_args(argv)
         self.device = resolve_device(self.args.device)
         torch.manual_seed(0)
@@ -472,14 +477,18 @@ class Session:
         self.rows: list = []
 
     def measure(self, **kwargs) -> dict:
-        return measure(self, **kwargs)
+        """common.measure, then the rows so far to <name>.json ("complete": false), so a run cut short by a
+        timeout still leaves its numbers."""
+        row = measure(self, **kwargs)
+        if self.args.out:
+            write_json(self.args.out, self.name, self.env, self.rows, complete=False)
+        return row
 
-    def finish(self, name: str, title: str, columns: Sequence[tuple], notes: Sequence[str],
-               plot: Optional[Callable] = None) -> int:
+    def finish(self, columns: Sequence[tuple], notes: Sequence[str], plot: Optional[Callable] = None) -> int:
         """Write <name>.json/.md (and .png with --plot), print the markdown table last."""
         columns = [("shape", "shape", ""), ("impl", "impl", ""), ("rel_err", "rel err", ".1e"), *columns]
-        text = markdown(title, self.env, columns, self.rows, notes)
-        write_outputs(self.args, name, self.env, self.rows, text, plot)
+        text = markdown(self.title, self.env, columns, self.rows, notes)
+        write_outputs(self.args, self.name, self.env, self.rows, text, plot)
         return 0
 
 

@@ -4,7 +4,8 @@
 #   RoPE and RWKV-7 benchmarks -> compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over the CUDA tests.
 # Every step has its own timeout and the whole script a deadline (TOTAL_S, default 540 s, inside the tool's 600 s):
 # a step that would not fit is skipped and says so. Results land flat in $OUT (at most 8 files come back):
-#   session.log (every step's output), sanitizer.log, rope.{json,md,png}, rwkv7.{json,md,png}.
+#   session.log (every step's output), sanitizer.log, rope.{json,md,png}, rwkv7.{json,md,png}; a benchmark cut
+#   short by its timeout still leaves its rows so far in <name>.json ("complete": false).
 # The summary (one line per step, the speed-up notes, the parity count) is printed last.
 #
 # Knobs (environment): STEPS (comma list, default all, in the order below), TOTAL_S, PLOT=0 to skip the PNGs,

@@ -134,7 +134,7 @@ def implementations(inputs: Inputs, device: torch.device, args) -> list:
 
 
 def main(argv=None) -> int:
-    session = common.Session(__doc__.splitlines()[0], argv)
+    session = common.Session("rope", "RoPE", __doc__.splitlines()[0], argv)
     device, args = session.device, session.args
     dtype = torch.bfloat16
     for shape in shapes(device, args.quick):
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     def plot(plt, path):
         common.bar_plot(plt, path, rows, "shape", "impl", "fb_pct", "fwd+bwd, % of copy bandwidth",
                         f"RoPE on {env['device']}")
-    return session.finish("rope", "RoPE", columns, notes, plot)
+    return session.finish(columns, notes, plot)
 
 
 if __name__ == "__main__":

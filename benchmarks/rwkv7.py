@@ -191,7 +191,7 @@ def bench_log_decay(session, dtype, shape):
 
 
 def main(argv=None) -> int:
-    session = common.Session(__doc__.splitlines()[0], argv)
+    session = common.Session("rwkv7", "RWKV-7", __doc__.splitlines()[0], argv)
     cfg = config(session.device, session.args.quick)
     dtype = torch.bfloat16
     for shape in cfg.seq:
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     def plot(plt, path):
         common.bar_plot(plt, path, [r for r in rows if not r["shape"].startswith(("decode", "log_decay"))],
                         "shape", "impl", "fb_tok_s", "fwd+bwd tokens/s", f"WKV7 on {env['device']}")
-    return session.finish("rwkv7", "RWKV-7", columns, notes, plot)
+    return session.finish(columns, notes, plot)
 
 
 if __name__ == "__main__":
