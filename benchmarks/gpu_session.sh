@@ -13,8 +13,8 @@
 # means no test matched it), ROPEWKV_COMMIT (the commit to print in the tables: the copy may have no .git),
 # TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only, half the compile time of a multi-arch build).
 # Typical use, two calls while the machine stays warm (the second reuses the built python/ropewkv/_C_cuda*.so):
-#   1) benchmarks/gpu_session.sh                                   (sanitizers run only if time is left)
-#   2) STEPS=env,wheels,build,memcheck,racecheck,initcheck,synccheck benchmarks/gpu_session.sh
+#   1) bash benchmarks/gpu_session.sh                              (sanitizers run only if time is left)
+#   2) STEPS=env,wheels,build,memcheck,racecheck,initcheck,synccheck bash benchmarks/gpu_session.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
