@@ -103,7 +103,7 @@ def cache_bytes(device: torch.device) -> int:
     return CPU_CACHE_BYTES
 
 
-def rotation_count(set_bytes: int, device: torch.device, max_sets: int = 64) -> int:
+def rotation_count(set_bytes: int, device: torch.device, max_sets: int = 512) -> int:
     """How many independent input sets to rotate over so a set is evicted before its next use."""
     return max(1, min(max_sets, math.ceil(4 * cache_bytes(device) / max(set_bytes, 1))))
 
