@@ -62,6 +62,14 @@ def want_compile(args, device: torch.device) -> bool:
     return device.type == "cuda" if args.compile is None else args.compile
 
 
+def kernel_backends(device: torch.device) -> list:
+    """ropewkv's kernel twins that run on `device`: not the eager "reference" (timed as the eager baseline), and not
+    Triton on a CPU (the interpreter is no benchmark)."""
+    import ropewkv
+    return [b for b in ropewkv.available_backends(device)
+            if b != "reference" and not (b == "triton" and device.type == "cpu")]
+
+
 def selected(args, impl_name: str) -> bool:
     return args.only is None or any(s and s in impl_name for s in args.only.split(","))
 

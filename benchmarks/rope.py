@@ -108,9 +108,7 @@ class _FlashRotary(torch.autograd.Function):
 def implementations(inputs: Inputs, device: torch.device, args) -> list:
     """(name, fn(q, k) -> (q_out, k_out) in bshd) for every implementation to compare."""
     impls = []
-    kernel_backends = [b for b in ropewkv.available_backends(device) if b != "reference"
-                       and not (b == "triton" and device.type == "cpu")]  # the interpreter is no benchmark
-    for backend in kernel_backends:
+    for backend in common.kernel_backends(device):
         for precision in ("fp32", "bf16"):
             impls.append((f"ropewkv.rope[{backend},{precision}]",
                           lambda q, k, b=backend, p=precision: ropewkv.rope(

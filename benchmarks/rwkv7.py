@@ -17,6 +17,7 @@ drawn small and tiled. Decay convention "loglog" (RWKV-LM) unless stated.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -79,16 +80,16 @@ def wkv7_impls(device, args, eager_ok: bool) -> list:
     """(name, fn(r, w, k, v, a, b) -> y, prepare(inputs dict) -> dict, reference(args) -> y)."""
     same = (lambda x: x, lambda x: ref.wkv7(*x, decay=DECAY, dtype=torch.float32)[0])
     impls = []
-    for backend in _kernel_backends(device):
+    for backend in common.kernel_backends(device):
         for precision in ("fp32", "bf16"):
             impls.append((f"ropewkv.wkv7[{backend},{precision}]", lambda *x, b=backend, p=precision: ropewkv.wkv7(
                 *x, decay=DECAY, precision=p, backend=b)[0], *same))
-    fla = common.peer("fla.ops.rwkv7", "chunk_rwkv7", device)
+    fla = _fla("chunk_rwkv7", device)
     fla_args = (lambda x: {**x, "w": _log_w(x["w"])}, lambda x: ref.wkv7(*x, decay="log", dtype=torch.float32)[0])
-    impls.append(("FLA chunk_rwkv7", lambda *x: _fla_call(fla, *x, output_final_state=False)[0], *fla_args))
+    impls.append(("FLA chunk_rwkv7", lambda *x: fla(*x, output_final_state=False)[0], *fla_args))
     # FLA's faster tensor-core path when the caller vouches for the log decay's bound
-    impls.append(("FLA chunk_rwkv7 lower_bound", lambda *x: _fla_call(
-        fla, *x, output_final_state=False, lower_bound=LOG_DECAY_BOUND)[0], *fla_args))
+    impls.append(("FLA chunk_rwkv7 lower_bound", lambda *x: fla(
+        *x, output_final_state=False, lower_bound=LOG_DECAY_BOUND)[0], *fla_args))
     if eager_ok:
         eager = functools.partial(ref.wkv7, decay=DECAY, dtype=torch.float32)
         impls.append(("eager reference", lambda *x: eager(*x)[0], *same))
@@ -98,17 +99,13 @@ def wkv7_impls(device, args, eager_ok: bool) -> list:
     return [i for i in impls if common.selected(args, i[0])]
 
 
-def _fla_call(fla, r, w, k, v, a, b, **kw):
-    """FLA's chunk/fused_recurrent with keywords only: the argument order moved between FLA versions, and some
-    versions take the log decay as `log_w` (with `w` meaning our loglog w) rather than as `w`."""
-    import inspect
+def _fla(name: str, device):
+    """FLA's chunk/fused_recurrent called with keywords: the argument order moved between FLA versions, and some
+    take the log decay as `log_w` (their `w` then meaning our loglog w) rather than as `w`. Resolved once here,
+    so the per-call cost is FLA's own."""
+    fla = common.peer("fla.ops.rwkv7", name, device)
     key = "log_w" if "log_w" in inspect.signature(fla).parameters else "w"
-    return fla(r=r, k=k, v=v, a=a, b=b, **{key: w}, scale=1.0, **kw)
-
-
-def _kernel_backends(device):
-    return [b for b in ropewkv.available_backends(device)
-            if b != "reference" and not (b == "triton" and device.type == "cpu")]  # the interpreter is no benchmark
+    return lambda r, w, k, v, a, b, **kw: fla(r=r, k=k, v=v, a=a, b=b, **{key: w}, scale=1.0, **kw)
 
 
 def bench_wkv7(session, dtype, shape, eager_ok):
@@ -122,8 +119,7 @@ def bench_wkv7(session, dtype, shape, eager_ok):
             args_ = tuple(x[k].detach().requires_grad_() for k in NAMES)
             return args_, list(args_)
         work = common.Work(fn, make_set, reference=reference)
-        session.measure(shape=label, impl=name, work=work,
-                       tokens=batch * seqlen)
+        session.measure(shape=label, impl=name, work=work, tokens=batch * seqlen)
 
 
 # ---------------------------------------------------------------------------------------------------- decode
@@ -131,12 +127,12 @@ def decode_impls(device, args) -> list:
     """(name, fn(r, w, k, v, a, b, state) -> y, prepare, reference)."""
     same = (lambda x: x, lambda x: ref.wkv7_step(*_fp32(x), decay=DECAY)[0])
     impls = [(f"ropewkv.wkv7_step[{b}]", lambda *x, b=b: ropewkv.wkv7_step(*x, decay=DECAY, backend=b), *same)
-             for b in _kernel_backends(device)]
-    fla = common.peer("fla.ops.rwkv7", "fused_recurrent_rwkv7", device)
+             for b in common.kernel_backends(device)]
+    fla = _fla("fused_recurrent_rwkv7", device)
 
     def fla_step(r, w, k, v, a, b, state):  # FLA takes [B, T=1, H, N] and its state is ours transposed
         x = (t.unsqueeze(1) for t in (r, w, k, v, a, b))
-        return _fla_call(fla, *x, initial_state=state, output_final_state=True)[0][:, 0]
+        return fla(*x, initial_state=state, output_final_state=True)[0][:, 0]
     impls.append(("FLA fused_recurrent_rwkv7", fla_step,
                   lambda x: {**x, "w": _log_w(x["w"]), "state": x["state"].mT.contiguous()},
                   lambda x: ref.wkv7_step(*_fp32(x[:6]), x[6].mT, decay="log")[0]))
@@ -176,7 +172,7 @@ def bench_log_decay(session, dtype, shape):
 
     eager = ref.rwkv7_log_decay
     impls = [(f"ropewkv.rwkv7_log_decay[{b}]", lambda x, b=b: ropewkv.rwkv7_log_decay(x, backend=b))
-             for b in _kernel_backends(device)]
+             for b in common.kernel_backends(device)]
     impls.append(("eager", lambda x: eager(x.float())))
     if common.want_compile(args, device):
         compiled = torch.compile(eager, dynamic=False)
