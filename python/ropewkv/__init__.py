@@ -3,11 +3,12 @@
 Math is fp32 (or better) by default whatever the input dtype and autocast; outputs keep the input dtype; every op's
 error against an fp64 oracle is measured (`python -m ropewkv parity`).
 """
-from . import nn
+from . import compat, nn
 from ._backend import BackendUnavailableError, available_backends, build_precision
 from .nn import RotaryEmbedding
 from .ops.decay import rwkv7_log_decay
 from .ops.rope import apply_rotary_pos_emb, rope
+from .ops.rwkv7 import wkv7, wkv7_step
 
 __version__ = "0.1.0"
 
@@ -17,7 +18,10 @@ __all__ = [
     "apply_rotary_pos_emb",
     "available_backends",
     "build_precision",
+    "compat",
     "nn",
     "rope",
     "rwkv7_log_decay",
+    "wkv7",
+    "wkv7_step",
 ]
