@@ -23,7 +23,7 @@ TEST_ENV = $(if $(filter 1,$(HAS_GPU)),,TRITON_INTERPRET=1)
 test: build cuda-check pytest
 
 demo: build
-	$(TEST_ENV) $(PY) -m ropewkv parity
+	$(TEST_ENV) $(PY) -m ropewkv demo
 
 setup:
 	@mkdir -p $(TMPDIR)

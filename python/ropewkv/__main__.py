@@ -1,4 +1,5 @@
-"""Command line: `python -m ropewkv parity [--device DEV]`."""
+"""Command line: `python -m ropewkv parity [--device DEV]` and `python -m ropewkv demo [--device DEV] [--quick]
+[--out DIR]`."""
 import argparse
 import sys
 
@@ -8,11 +9,20 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     parity = commands.add_parser("parity", help="error of every op and backend against the fp64 reference")
     parity.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    demo = commands.add_parser("demo", help="swap the kernels into small Llama and RWKV-7 models: parity, speed, "
+                                            "RoPE precision; writes demo-report.md")
+    demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    demo.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    demo.add_argument("--out", default=None, help="directory for demo-report.md and the plot (default: cwd)")
     args = parser.parse_args(argv)
     if args.command == "parity":
         from . import parity as parity_module
 
         return parity_module.main(args.device)
+    if args.command == "demo":
+        from . import demo as demo_module
+
+        return demo_module.main(args.device, args.quick, args.out)
     return 2
 
 
