@@ -292,3 +292,14 @@ def test_parity_rows_cover_every_backend(device):
     assert {r.backend for r in rows} == set(kernel_backends(device))
     for row in rows:
         assert_within(row)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="routing of head size 256 for CUDA tensors")
+def test_head_size_256_on_cuda_routes_to_triton_or_says_why():
+    inputs = parity.rwkv7_inputs(1, 3, 1, 256, torch.float32, "loglog", seeded(99), "cuda")
+    del inputs["initial_state"]
+    y, _ = ops.wkv7(**inputs)  # auto: the CUDA twin stops at 128, so this runs the Triton twin
+    expected, _ = reference.wkv7(**inputs)
+    assert rms_ratio(y, expected) < 1e-5
+    with pytest.raises(ValueError, match="not supported by the cuda backend"):
+        ops.wkv7(**inputs, backend="cuda")

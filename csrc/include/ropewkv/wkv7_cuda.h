@@ -50,7 +50,8 @@ inline int64_t wkv7_backward_scratch_elems(int64_t n_seqs, int64_t heads, int64_
   return n_seqs * heads * (wkv7::kCheckpointEvery + 1) * head_size * head_size;
 }
 
-// Each returns the launch status. Instantiated for N = 32, 64, 128, 256.
+// Each returns the launch status. Instantiated for N = 32, 64, 128 (a thread owns a state row: at 256 it would
+// hold 3 x 256 fp32 and spill, so that head size runs on the triton and cpu twins).
 template <int N>
 cudaError_t wkv7_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream);
 template <int N>
@@ -65,7 +66,6 @@ cudaError_t wkv7_step(DType dtype, Precision precision, const Wkv7StepParams& p,
 ROPEWKV_WKV7_DECLARE(32)
 ROPEWKV_WKV7_DECLARE(64)
 ROPEWKV_WKV7_DECLARE(128)
-ROPEWKV_WKV7_DECLARE(256)
 #undef ROPEWKV_WKV7_DECLARE
 
 }  // namespace ropewkv::cuda

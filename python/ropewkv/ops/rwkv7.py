@@ -19,6 +19,8 @@ from ..reference import rwkv7 as reference
 
 DECAYS = reference.DECAYS
 HEAD_SIZES = (32, 64, 128, 256)
+# The CUDA sequential twin stops at 128 (see _check_inputs); 256 runs on the triton and cpu twins.
+CUDA_HEAD_SIZES = (32, 64, 128)
 # Tokens between the forward's state checkpoints: kCheckpointEvery in csrc/include/ropewkv/wkv7.h.
 CHECKPOINT_EVERY = 16
 _NAMES = ("r", "w", "k", "v", "a", "b")
@@ -78,7 +80,7 @@ if _backend._C is not None:
 
 # ---- validation --------------------------------------------------------------------------------------------------
 
-def _check_inputs(tensors, dims: int, layout: str, backend: Optional[str] = None) -> str:
+def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
     """r..b: tensors of one shape, dtype and device; returns the resolved backend."""
     for name, x in zip(_NAMES, tensors):
         _checks.check_tensor(x, name)
@@ -97,6 +99,12 @@ def _check_inputs(tensors, dims: int, layout: str, backend: Optional[str] = None
     n = r.shape[-1]
     if n not in HEAD_SIZES:
         raise ValueError(f"head size N = {n} (the last dimension of r) is not supported; supported: {HEAD_SIZES}")
+    if resolved == "cuda" and n not in CUDA_HEAD_SIZES:
+        if backend == "auto" and _backend.unavailable_reason("triton", r.device) is None:
+            return "triton"
+        raise ValueError(f"head size N = {n} is not supported by the cuda backend (supported: {CUDA_HEAD_SIZES}; "
+                         "its thread-per-state-row kernel would hold 3 x 256 fp32 per thread and spill): use "
+                         "backend='triton' (or 'auto', which picks it)")
     return resolved
 
 
