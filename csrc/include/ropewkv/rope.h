@@ -1,0 +1,189 @@
+#pragma once
+// RoPE math shared by the CPU twin and the CUDA kernels (torch-free).
+//
+// Conventions (python/ropewkv/reference/rope.py is the oracle):
+//  - q and k arrive as [B, S, H, D] views (any strides, stride(-1) == 1); rotary_dim R = 2 * rot_half <= D.
+//  - Pair j of a head is (x[a], x[b]) with (a, b) = (j, j + R/2) in the NeoX half style, (2j, 2j+1) interleaved.
+//  - out[a] = x[a] cos_a - x[b] sin_a, out[b] = x[b] cos_b + x[a] sin_b (HF's x*cos + rotate_half(x)*sin). From
+//    inv_freq, cos_a = cos_b = cos(pos * inv_freq[j]) * attention_scaling (sin alike); from a cos/sin table (HF's
+//    apply_rotary_pos_emb) they are the table's entries at dims a and b.
+//  - conjugate = the transpose of the rotation (the backward): cos stays, sin_a <- -sin_b and sin_b <- -sin_a. For
+//    an angle (sin_a == sin_b) that is the rotation by -angle.
+//  - Dims past R are copied unchanged when out-of-place.
+//  - Precision::kBF16 rounds cos and sin to the I/O type and every product and sum to it (Rounded<io_t>): HF's eager
+//    low-precision arithmetic, rnd(rnd(x1 c) - rnd(x2 s)), bit for bit given the same cos/sin.
+#include <cmath>
+#include <cstdint>
+
+#include "ropewkv/precision.h"
+
+namespace ropewkv::rope {
+
+// 2*pi split into three fp32 pieces (Cody-Waite), from a 200-bit value: HI + MID + LO = 2*pi to ~1e-22.
+inline constexpr float kTwoPiHi = 0x1.921fb6p+2f;
+inline constexpr float kTwoPiMid = -0x1.777a5cp-23f;
+inline constexpr float kTwoPiLo = -0x1.ee59dap-48f;
+inline constexpr float kInvTwoPi = 0x1.45f306p-3f;
+// Positions are converted to fp32 exactly below this magnitude (2^24).
+inline constexpr int64_t kMaxExactPosition = int64_t(1) << 24;
+
+// The angle pos * f reduced to about [-pi, pi], in fp32 with error < 1e-6 rad for |pos| <= 2^20 (measured in
+// tests/test_rope_angle.py): an exact two-product pos*f = p + e (fma), a three-piece Cody-Waite reduction of p, then e
+// added back. Naive fp32 rounds pos*f itself, an error that grows like ulp(pos*f) (~3e-2 rad at 2^20).
+ROPEWKV_HD float reduced_angle(float pos, float f) {
+  const float p = pos * f;
+  const float e = fmaf(pos, f, -p);  // exact: pos*f == p + e
+  const float n = rintf(p * kInvTwoPi);
+  float r = fmaf(-n, kTwoPiHi, p);  // exact: n has <= 18 bits, so n*HI and its cancellation with p fit in fp32
+  r = fmaf(-n, kTwoPiMid, r);
+  r = fmaf(-n, kTwoPiLo, r);
+  return r + e;
+}
+
+// Accurate sin and cos of an fp32 argument (no fast-math intrinsics: __sinf errs by ~1e-2 at large arguments).
+ROPEWKV_HD void sincos_accurate(float r, float* s, float* c) {
+#if defined(__CUDA_ARCH__)
+  sincosf(r, s, c);
+#else
+  *s = std::sin(r);
+  *c = std::cos(r);
+#endif
+}
+
+// dtype of a cos/sin table (apply_rotary_pos_emb reads any float dtype; fp64 on the CPU twin only).
+enum class TableType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
+
+// Everything a launch needs, normalised by the Python layer: sizes, element strides, raw pointers. Torch-free.
+struct Params {
+  int64_t batch = 0, seqlen = 0, hq = 0, hk = 0, head_dim = 0, rot_half = 0;
+  // Element strides over [batch, seq, head] of q, k, q_out, k_out (stride of the last dim is 1).
+  const void* q = nullptr;
+  const void* k = nullptr;  // null when only q is rotated
+  void* q_out = nullptr;
+  void* k_out = nullptr;
+  int64_t q_stride[3] = {0, 0, 0}, k_stride[3] = {0, 0, 0}, qo_stride[3] = {0, 0, 0}, ko_stride[3] = {0, 0, 0};
+  bool interleaved = false, conjugate = false;
+
+  // Angle source (cos == nullptr): inv_freq [rot_half] fp32; positions null or [B, S] (strides, stride 0 allowed);
+  // offsets null or int64 [B] ([n_seqs] with cu_seqlens); cu_seqlens null or [n_seqs + 1] (then batch == 1).
+  const float* inv_freq = nullptr;
+  const void* positions = nullptr;
+  bool positions_int64 = true;
+  int64_t pos_stride[2] = {0, 0};
+  const int64_t* offsets = nullptr;
+  const void* cu_seqlens = nullptr;
+  bool cu_int64 = true;
+  int64_t n_seqs = 0;
+  float attention_scaling = 1.f;
+
+  // Table source (cos != nullptr): cos and sin are [B, S, R] views of dtype table_type.
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  TableType table_type = TableType::kFloat32;
+  int64_t cos_stride[3] = {0, 0, 0}, sin_stride[3] = {0, 0, 0};
+};
+
+ROPEWKV_HD int64_t load_index(const void* p, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}
+
+// The sequence holding token t: the last i with cu_seqlens[i] <= t (binary search; a linear token grid, TE #2866).
+ROPEWKV_HD int64_t sequence_of(const Params& p, int64_t t) {
+  int64_t lo = 0, hi = p.n_seqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (load_index(p.cu_seqlens, p.cu_int64, mid) <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Absolute position of token (b, s), as ropewkv.reference.rope.token_positions defines it.
+ROPEWKV_HD int64_t token_position(const Params& p, int64_t b, int64_t s) {
+  if (p.cu_seqlens != nullptr) {
+    const int64_t seq = sequence_of(p, s);
+    const int64_t base = p.positions != nullptr ? load_index(p.positions, p.positions_int64, s * p.pos_stride[1])
+                                                : s - load_index(p.cu_seqlens, p.cu_int64, seq);
+    return base + (p.offsets != nullptr ? p.offsets[seq] : 0);
+  }
+  const int64_t base = p.positions != nullptr
+                           ? load_index(p.positions, p.positions_int64, b * p.pos_stride[0] + s * p.pos_stride[1])
+                           : s;
+  return base + (p.offsets != nullptr ? p.offsets[b] : 0);
+}
+
+template <typename tab_t>
+ROPEWKV_HD tab_t load_table(const void* ptr, TableType type, int64_t i) {
+  switch (type) {
+    case TableType::kFloat16:
+      return tab_t(widen(static_cast<const fp16_t*>(ptr)[i]));
+    case TableType::kBFloat16:
+      return tab_t(widen(static_cast<const bf16_t*>(ptr)[i]));
+    case TableType::kFloat64:
+      return tab_t(static_cast<const double*>(ptr)[i]);
+    default:
+      return tab_t(static_cast<const float*>(ptr)[i]);
+  }
+}
+
+ROPEWKV_HD void pair_dims(bool interleaved, int64_t rot_half, int64_t j, int64_t& a, int64_t& b) {
+  a = interleaved ? 2 * j : j;
+  b = interleaved ? 2 * j + 1 : j + rot_half;
+}
+
+// cos/sin of pair j of the token at (b, s) with absolute position `pos`, for dims a and b, conjugated if asked, and
+// rounded as acc_t rounds (to the I/O type in the low-precision mode). tab_t is float, or double for fp64 I/O (the
+// CPU twin's gradcheck path, whose angle is computed in fp64).
+template <typename acc_t, typename tab_t>
+ROPEWKV_HD void table_entry(const Params& p, int64_t b, int64_t s, int64_t pos, int64_t j, tab_t* ca, tab_t* sa,
+                            tab_t* cb, tab_t* sb) {
+  tab_t c_a, s_a, c_b, s_b;
+  if (p.cos == nullptr) {
+    if constexpr (sizeof(tab_t) == sizeof(double)) {
+      const double angle = double(pos) * double(p.inv_freq[j]);
+      c_a = std::cos(angle) * double(p.attention_scaling);
+      s_a = std::sin(angle) * double(p.attention_scaling);
+    } else {
+      float sv, cv;
+      sincos_accurate(reduced_angle(float(pos), p.inv_freq[j]), &sv, &cv);
+      c_a = cv * p.attention_scaling;
+      s_a = sv * p.attention_scaling;
+    }
+    c_b = c_a;
+    s_b = s_a;
+  } else {
+    int64_t a, bd;
+    pair_dims(p.interleaved, p.rot_half, j, a, bd);
+    const int64_t cbase = b * p.cos_stride[0] + s * p.cos_stride[1];
+    const int64_t sbase = b * p.sin_stride[0] + s * p.sin_stride[1];
+    c_a = load_table<tab_t>(p.cos, p.table_type, cbase + a * p.cos_stride[2]);
+    c_b = load_table<tab_t>(p.cos, p.table_type, cbase + bd * p.cos_stride[2]);
+    s_a = load_table<tab_t>(p.sin, p.table_type, sbase + a * p.sin_stride[2]);
+    s_b = load_table<tab_t>(p.sin, p.table_type, sbase + bd * p.sin_stride[2]);
+  }
+  if (p.conjugate) {
+    const tab_t t = s_a;
+    s_a = -s_b;
+    s_b = -t;
+  }
+  *ca = tab_t(plain(acc_t(c_a)));
+  *sa = tab_t(plain(acc_t(s_a)));
+  *cb = tab_t(plain(acc_t(c_b)));
+  *sb = tab_t(plain(acc_t(s_b)));
+}
+
+// Rotate one pair in acc_t arithmetic (fp32, fp64, or rounded to the I/O type after each operation).
+template <typename acc_t, typename io_t, typename tab_t>
+ROPEWKV_HD void rotate_pair(const io_t* x, io_t* out, int64_t a, int64_t b, tab_t ca, tab_t sa, tab_t cb, tab_t sb) {
+  const acc_t xa = acc_t(widen(x[a]));
+  const acc_t xb = acc_t(widen(x[b]));
+  const acc_t oa = xa * acc_t(ca) - xb * acc_t(sa);
+  const acc_t ob = xb * acc_t(cb) + xa * acc_t(sb);
+  out[a] = narrow<io_t>(plain(oa));
+  out[b] = narrow<io_t>(plain(ob));
+}
+
+}  // namespace ropewkv::rope

@@ -1,0 +1,4 @@
+"""nn.Modules built on the fused ops."""
+from .rotary import RotaryEmbedding
+
+__all__ = ["RotaryEmbedding"]

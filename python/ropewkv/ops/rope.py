@@ -1,0 +1,464 @@
+"""rope and apply_rotary_pos_emb: fused rotary embeddings for q and k in one launch, fp32 math by default.
+
+Ops (all opaque custom ops with fake kernels and autograd, so torch.compile(fullgraph=True) traces them):
+  - ropewkv::rope / rope_ / rope_cos_sin: C++ (CPU twin in _C, CUDA twin in _C_cuda), schemas in rope_cpu.cpp;
+  - ropewkv::rope_triton / rope_triton_ / rope_cos_sin_triton: the Triton twin (triton_kernels/rope.py).
+Every twin gets the same normalised arguments, built here: q and k as [B, S, H, D] views (layouts are transposes,
+never copies, unless stride(-1) != 1), positions None or an int32/int64 [B, S] view, seqlen_offsets None or int64 [B]
+([n_seqs] for varlen), cu_seqlens None or int32/int64 [n_seqs + 1], inv_freq fp32 contiguous [rotary_dim / 2].
+The backward is the forward with conjugate=True (the transpose of the rotation: sin -> -sin).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .. import _backend, _checks
+from ..reference import rope as reference
+
+LAYOUTS = reference.LAYOUTS
+INDEX_DTYPES = (torch.int32, torch.int64)
+MAX_EXACT_POSITION = 2**24  # positions convert to fp32 exactly below this (ropewkv/rope.h)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Triton twin as opaque custom ops (wrap_triton/triton_op fail under torch.compile on CPU).
+
+
+def _output_like(t: torch.Tensor) -> torch.Tensor:
+    """Same strides as t when t is dense (so transposed layouts stay views); NaN-poisoned in tests."""
+    out = torch.empty_like(t)
+    return out.fill_(float("nan")) if _backend.poison_outputs() else out
+
+
+def _outputs(q: torch.Tensor, k: Optional[torch.Tensor]) -> list[torch.Tensor]:
+    return [_output_like(q)] + ([_output_like(k)] if k is not None else [])
+
+
+@torch.library.custom_op("ropewkv::rope_triton", mutates_args=())
+def _rope_triton(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Tensor, positions: Optional[torch.Tensor],
+                 seqlen_offsets: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], interleaved: bool,
+                 conjugate: bool, attention_scaling: float, precision: int) -> list[torch.Tensor]:
+    from ..triton_kernels import rope as kernels
+
+    out = _outputs(q, k)
+    kernels.rope_forward(q, k, out[0], out[1] if k is not None else None, inv_freq, positions, seqlen_offsets,
+                         cu_seqlens, interleaved, conjugate, attention_scaling, precision == 1)
+    return out
+
+
+@torch.library.custom_op("ropewkv::rope_triton_", mutates_args=("q", "k"))
+def _rope_triton_inplace(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Tensor,
+                         positions: Optional[torch.Tensor], seqlen_offsets: Optional[torch.Tensor],
+                         cu_seqlens: Optional[torch.Tensor], interleaved: bool, conjugate: bool,
+                         attention_scaling: float, precision: int) -> None:
+    from ..triton_kernels import rope as kernels
+
+    kernels.rope_forward(q, k, q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, interleaved, conjugate,
+                         attention_scaling, precision == 1)
+
+
+@torch.library.custom_op("ropewkv::rope_cos_sin_triton", mutates_args=())
+def _rope_cos_sin_triton(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                         interleaved: bool, conjugate: bool, precision: int) -> list[torch.Tensor]:
+    from ..triton_kernels import rope as kernels
+
+    out = _outputs(q, k)
+    kernels.rope_cos_sin_forward(q, k, out[0], out[1] if k is not None else None, cos, sin, interleaved, conjugate,
+                                 precision == 1)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fake kernels and autograd, shared by the C++ and the Triton ops.
+
+
+def _fake(q, k, *args):
+    return [torch.empty_like(q)] + ([torch.empty_like(k)] if k is not None else [])
+
+
+def _fake_inplace(*args):
+    return None
+
+
+def _stride1(g: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return g if g is None or g.stride(-1) == 1 or g.shape[-1] <= 1 else g.contiguous()
+
+
+def _grads(ctx, grads, op, extra):
+    """The backward of a rotation: the same op on the output grads, conjugated (the transpose)."""
+    gq, gk = _stride1(grads[0]), _stride1(grads[1]) if ctx.has_k else None
+    dq = op(gq, gk, *extra)
+    return dq[0], dq[1] if ctx.has_k else None
+
+
+def _register(functional: str, inplace: str, cos_sin: str) -> None:
+    op = getattr(torch.ops.ropewkv, functional.split("::")[1])
+    cs_op = getattr(torch.ops.ropewkv, cos_sin.split("::")[1])
+    torch.library.register_fake(functional)(_fake)
+    torch.library.register_fake(cos_sin)(_fake)
+    torch.library.register_fake(inplace)(_fake_inplace)
+
+    def setup(ctx, inputs, output):
+        q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate, scaling, precision = inputs
+        ctx.has_k = k is not None
+        ctx.save_for_backward(inv_freq, positions, offsets, cu_seqlens)
+        ctx.flags = (interleaved, not conjugate, scaling, precision)
+
+    def backward(ctx, grads):
+        return (*_grads(ctx, grads, op, (*ctx.saved_tensors, *ctx.flags)),) + (None,) * 8
+
+    def setup_cos_sin(ctx, inputs, output):
+        q, k, cos, sin, interleaved, conjugate, precision = inputs
+        ctx.has_k = k is not None
+        ctx.save_for_backward(cos, sin)
+        ctx.flags = (interleaved, not conjugate, precision)
+
+    def backward_cos_sin(ctx, grads):
+        return (*_grads(ctx, grads, cs_op, (*ctx.saved_tensors, *ctx.flags)),) + (None,) * 5
+
+    torch.library.register_autograd(functional, backward, setup_context=setup)
+    torch.library.register_autograd(cos_sin, backward_cos_sin, setup_context=setup_cos_sin)
+
+
+_register("ropewkv::rope_triton", "ropewkv::rope_triton_", "ropewkv::rope_cos_sin_triton")
+if _backend._C is not None:
+    _register("ropewkv::rope", "ropewkv::rope_", "ropewkv::rope_cos_sin")
+
+
+def _ops(backend: str):
+    """(functional, in-place, cos/sin) ops of a kernel backend; cpu and cuda share the dispatched C++ ops."""
+    if backend == "triton":
+        return torch.ops.ropewkv.rope_triton, torch.ops.ropewkv.rope_triton_, torch.ops.ropewkv.rope_cos_sin_triton
+    return torch.ops.ropewkv.rope, torch.ops.ropewkv.rope_, torch.ops.ropewkv.rope_cos_sin
+
+
+class _InplaceRope(torch.autograd.Function):
+    """The in-place op for autograd: it mutates q and k in their own layout (mark_dirty: their history moves on, and
+    the version counters the op bumps make a tensor that some other op saved for backward fail autograd's check
+    instead of being silently used) and backpropagates with the functional op, conjugated. Autograd cannot give a
+    Function several dirty outputs when one is a view, so such q and k go through it one at a time."""
+
+    @staticmethod
+    def forward(ctx, q, k, layout, backend, args):
+        functional, inplace, _ = _ops(backend)
+        inplace(_bshd(q, layout, "q"), None if k is None else _bshd(k, layout, "k"), *args)
+        ctx.functional, ctx.layout, ctx.has_k = functional, layout, k is not None
+        ctx.save_for_backward(*args[:4])
+        ctx.flags = (args[4], not args[5], *args[6:])
+        if k is None:
+            ctx.mark_dirty(q)
+            return q
+        ctx.mark_dirty(q, k)
+        return q, k
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [None if g is None else reference.to_bshd(g, ctx.layout) for g in grads] + [None]
+        dq, dk = _grads(ctx, grads, ctx.functional, (*ctx.saved_tensors, *ctx.flags))
+        return (_from_bshd(dq, ctx.layout), None if dk is None else _from_bshd(dk, ctx.layout), None, None, None)
+
+
+def _rope_inplace(n: "_Normalised", q, k, layout: str) -> None:
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+    if not needs_grad:
+        _ops(n.backend)[1](n.q4, n.k4, *n.args)
+        if n.backend != "triton":  # the C++ schema's mutation bumps no version counter outside autograd
+            torch.autograd.graph.increment_version([x for x in (q, k) if x is not None])
+    elif k is None or not (q._is_view() or k._is_view()):
+        _InplaceRope.apply(q, k, layout, n.backend, n.args)
+    else:
+        for x in (q, k):
+            _InplaceRope.apply(x, None, layout, n.backend, n.args)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Argument normalisation: clear Python errors first, then [B, S, H, D] views and index tensors.
+
+
+def _bshd(x: torch.Tensor, layout: str, name: str) -> torch.Tensor:
+    expected = 3 if layout == "thd" else 4
+    if x.dim() != expected:
+        raise ValueError(f"{name} must have {expected} dims for layout {layout!r}, got shape {tuple(x.shape)}")
+    return reference.to_bshd(x, layout)
+
+
+def _from_bshd(x4: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "thd":
+        return x4.squeeze(0)
+    return x4.transpose(1, 2) if layout == "bhsd" else x4.transpose(0, 1) if layout == "sbhd" else x4
+
+
+def _index_tensor(t, name: str, q: torch.Tensor) -> torch.Tensor:
+    _checks.check_tensor(t, name)
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must have dtype int32 or int64, got {t.dtype}")
+    _checks.check_same_device("q", q, **{name: t})
+    return t
+
+
+def _check_cpu_nonnegative(t: torch.Tensor, name: str) -> None:
+    # Values are validated where that costs no device sync; on CUDA they are trusted (out-of-range values cannot
+    # read out of bounds: they only give other angles).
+    if t.device.type == "cpu" and t.numel() and int(t.min()) < 0:
+        raise ValueError(f"{name} must be >= 0, got min {int(t.min())}")
+
+
+def _cu_seqlens(cu_seqlens, total: int, q: torch.Tensor) -> torch.Tensor:
+    cu = _index_tensor(cu_seqlens, "cu_seqlens", q)
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with n_seqs + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+    if cu.device.type == "cpu":
+        if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError(f"cu_seqlens must start at 0 and be non-decreasing, got {cu.tolist()[:8]}...")
+        if int(cu[-1]) != total:
+            raise ValueError(f"cu_seqlens[-1] = {int(cu[-1])} does not match the total token count T = {total}")
+    return cu.contiguous()
+
+
+def _offsets(seqlen_offsets, n: int, q: torch.Tensor) -> Optional[torch.Tensor]:
+    if isinstance(seqlen_offsets, torch.Tensor):
+        off = _index_tensor(seqlen_offsets, "seqlen_offsets", q)
+        if off.dim() > 1 or (off.dim() == 1 and off.numel() != n):
+            raise ValueError(f"seqlen_offsets must be an int or a [{n}] tensor, got shape {tuple(off.shape)}")
+        _check_cpu_nonnegative(off, "seqlen_offsets")
+        return off.to(torch.int64).expand(n).contiguous()
+    if not isinstance(seqlen_offsets, int) or isinstance(seqlen_offsets, bool):
+        raise TypeError(f"seqlen_offsets must be an int or an integer tensor, got {type(seqlen_offsets).__name__}")
+    if seqlen_offsets < 0:
+        raise ValueError(f"seqlen_offsets must be >= 0, got {seqlen_offsets}")
+    if seqlen_offsets >= MAX_EXACT_POSITION:
+        raise ValueError(f"seqlen_offsets must be < 2^24 (positions are exact in fp32 below that), got {seqlen_offsets}")
+    if seqlen_offsets == 0:
+        return None
+    return torch.full((n,), seqlen_offsets, dtype=torch.int64, device=q.device)
+
+
+def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor) -> Optional[torch.Tensor]:
+    if positions is None:
+        return None
+    pos = _index_tensor(positions, "positions", q)
+    target = (seqlen,) if thd else (batch, seqlen)
+    try:
+        pos = pos.expand(target)
+    except RuntimeError:
+        raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to {target}") from None
+    if pos.device.type == "cpu" and pos.numel() and int(pos.abs().max()) >= MAX_EXACT_POSITION:
+        raise ValueError("positions must be < 2^24 in magnitude (positions are exact in fp32 below that)")
+    return pos.unsqueeze(0) if thd else pos
+
+
+class _Normalised(NamedTuple):
+    q4: torch.Tensor
+    k4: Optional[torch.Tensor]
+    args: tuple  # the op arguments after q and k
+    backend: str
+    precision: str
+
+
+def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
+                    attention_scaling, precision, backend) -> _Normalised:
+    _checks.check_tensor(q, "q")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    resolved = _backend.resolve_backend(backend, q.device)
+    precision = _backend.resolve_precision(precision)
+    _checks.check_float(q, "q", resolved)
+    q4 = _bshd(q, layout, "q")
+    batch, seqlen, _, head_dim = q4.shape
+    k4 = None
+    if k is not None:
+        _checks.check_tensor(k, "k")
+        _checks.check_same_device("q", q, k=k)
+        if k.dtype != q.dtype:
+            raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+        k4 = _bshd(k, layout, "k")
+        if (k4.shape[0], k4.shape[1], k4.shape[3]) != (batch, seqlen, head_dim):
+            raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in all but the head count")
+    _checks.check_tensor(inv_freq, "inv_freq")
+    _checks.check_same_device("q", q, inv_freq=inv_freq)
+    if not inv_freq.is_floating_point() or inv_freq.dim() != 1:
+        raise TypeError(f"inv_freq must be a 1-D float tensor, got {inv_freq.dtype} of shape {tuple(inv_freq.shape)}")
+    if rotary_dim is None:
+        rotary_dim = 2 * inv_freq.numel()
+    if not isinstance(rotary_dim, int) or rotary_dim % 2 or rotary_dim < 0:
+        raise ValueError(f"rotary_dim must be a non-negative even int, got {rotary_dim!r}")
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim {rotary_dim} (2 * len(inv_freq) by default) exceeds head_dim {head_dim}")
+    if rotary_dim > 2 * inv_freq.numel():
+        raise ValueError(f"rotary_dim {rotary_dim} needs {rotary_dim // 2} frequencies, inv_freq has {inv_freq.numel()}")
+    inv = inv_freq[: rotary_dim // 2].to(torch.float32).contiguous()
+    if cu_seqlens is not None and layout != "thd":
+        raise ValueError(f"cu_seqlens needs layout='thd', got layout={layout!r}")
+    cu = _cu_seqlens(cu_seqlens, seqlen, q) if cu_seqlens is not None else None
+    n_offsets = cu.numel() - 1 if cu is not None else batch
+    offsets = _offsets(seqlen_offsets, n_offsets, q)
+    pos = _positions(positions, batch, seqlen, layout == "thd", q)
+    if not isinstance(attention_scaling, (int, float)):
+        raise TypeError(f"attention_scaling must be a float, got {type(attention_scaling).__name__}")
+    args = (inv, pos, offsets, cu, bool(interleaved), False, float(attention_scaling),
+            _backend.precision_code(precision))
+    return _Normalised(_stride1(q4), _stride1(k4), args, resolved, precision)
+
+
+def _reference_rope(n: _Normalised, x4: torch.Tensor) -> torch.Tensor:
+    """The eager path: fp32 math (fp64 for fp64), or HF's low-precision eager arithmetic for precision="bf16"."""
+    inv, pos, offsets, cu = n.args[:4]
+    batch, seqlen = x4.shape[:2]
+    if cu is not None:
+        positions = reference.token_positions(1, seqlen, None if pos is None else pos[0],
+                                              0 if offsets is None else offsets, cu).view(1, seqlen)
+    else:
+        positions = reference.token_positions(batch, seqlen, pos, 0 if offsets is None else offsets)
+    low = n.precision == "bf16" and x4.dtype in (torch.float16, torch.bfloat16)
+    compute = torch.float64 if x4.dtype == torch.float64 else torch.float32
+    cos, sin = reference.cos_sin(positions.to(x4.device), inv, n.args[6], compute)
+    cos, sin = (cos.to(x4.dtype), sin.to(x4.dtype)) if low else (cos, sin)
+    out = reference.rotate(x4 if low else x4.to(compute), cos.unsqueeze(2), sin.unsqueeze(2), n.args[4])
+    return out.to(x4.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public functions.
+
+
+def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.Tensor,
+         positions: Optional[torch.Tensor] = None, seqlen_offsets=0, cu_seqlens: Optional[torch.Tensor] = None,
+         max_seqlen: Optional[int] = None, layout: str = "bshd", interleaved: bool = False,
+         rotary_dim: Optional[int] = None, attention_scaling: float = 1.0, inplace: bool = False,
+         precision: Optional[str] = None, backend: str = "auto"):
+    """Rotary position embedding of q (and k) in one fused launch, the angle computed in the kernel.
+
+    Args:
+        q: [B, S, Hq, D] ("bshd"), [B, Hq, S, D] ("bhsd"), [S, B, Hq, D] ("sbhd") or [T, Hq, D] ("thd", packed
+            varlen); any strides (no copy unless the last dim is strided). fp32/fp16/bf16 (fp64 on cpu/reference).
+        k: None, or like q with its own head count Hk (GQA/MQA, Hk = 1 included), same dtype. Rotated in the same
+            launch as q.
+        inv_freq: [n] float tensor (HF's inv_freq, used as fp32), on q's device; rotary_dim defaults to 2n.
+        positions: int32/int64, broadcastable to [B, S] ([T] for "thd"); default: token s of each sequence is at s.
+        seqlen_offsets: int or int tensor [B] ([n_seqs] with cu_seqlens), added to every position (KV cache,
+            context-parallel shards). Must be >= 0.
+        cu_seqlens: int32/int64 [n_seqs + 1], "thd" only: cumulative sequence starts; positions restart at 0 in each
+            sequence (0, non-decreasing, ending at T; checked when on the CPU, trusted on CUDA to avoid a sync).
+        max_seqlen: accepted for API compatibility and unused (the kernels run on a linear token grid).
+        layout: "bshd" | "bhsd" | "sbhd" | "thd".
+        interleaved: False = NeoX half style, pairs (x[i], x[i + R/2]); True = GPT-J style, pairs (x[2i], x[2i+1]).
+        rotary_dim: R, even, <= D and <= 2n; dims past R are passed through bit-exactly.
+        attention_scaling: multiplies cos and sin (HF's attention_scaling of yarn/longrope).
+        inplace: rotate q and k in place (autograd-aware; returns the same tensors).
+        precision: "fp32" (math in fp32: the default build), "bf16" (HF eager low-precision arithmetic: cos/sin
+            rounded to q's dtype, then every product and sum rounded to it), or None for the build default.
+        backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
+    Returns:
+        The rotated q, or (q, k), in q's layout and dtype.
+
+    The angle position * inv_freq[i] is computed in fp32 with an exact fma two-product and a three-piece 2*pi
+    reduction (error < 1e-6 rad for positions up to 2^20; positions must be < 2^24), then an accurate sincos. No
+    cos/sin cache is read. Backward: the same kernel with sin negated.
+    """
+    n = _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
+                        attention_scaling, precision, backend)
+    if inplace:
+        for name, x4 in (("q", n.q4), ("k", n.k4)):
+            if x4 is not None and x4.data_ptr() != (q if name == "q" else k).data_ptr() and x4.numel():
+                raise ValueError(f"inplace=True needs {name} with stride 1 in its last dim")
+    empty = n.q4.numel() == 0 and (n.k4 is None or n.k4.numel() == 0)
+    if n.backend == "reference" or empty:
+        outs = [_reference_rope(n, x4) if not empty else x4.clone() for x4 in (n.q4, n.k4) if x4 is not None]
+        if inplace:
+            for x4, out in zip((n.q4, n.k4), outs):
+                x4.copy_(out)
+            return q if k is None else (q, k)
+    elif inplace:
+        _rope_inplace(n, q, k, layout)
+        return q if k is None else (q, k)
+    else:
+        outs = _ops(n.backend)[0](n.q4, n.k4, *n.args)
+    outs = [_from_bshd(o, layout) for o in outs]
+    return outs[0] if k is None else (outs[0], outs[1])
+
+
+def _table_views(x: torch.Tensor, cos_u: torch.Tensor, target: tuple, axis: int):
+    """x with its head axis moved to dim 2 ([B', S', H, D]) and the [B', S', R] view of the table (cos_u, size 1 on
+    that axis) broadcast over the other axes."""
+    one_head = target[:axis] + (1,) + target[axis + 1:]
+    return x.movedim(axis, 2), cos_u.expand(one_head).movedim(axis, 2).select(2, 0)
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
+                         *, backend: str = "auto", precision: Optional[str] = None, position_ids=None):
+    """Drop-in for HF transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1), fused.
+
+    Args:
+        q, k: [B, H, S, D] with unsqueeze_dim=1 (HF's default), or [B, S, H, D] with unsqueeze_dim=2; k may have its
+            own head count. fp32/fp16/bf16 (fp64 on cpu/reference).
+        cos, sin: HF's tables, e.g. [B, S, R] (any float dtype, broadcast views welcome); cos.unsqueeze(unsqueeze_dim)
+            must broadcast to q[..., :R]. R < D is partial rotary (GPT-NeoX): dims past R pass through bit-exactly.
+        precision: "fp32" reads cos/sin and computes in fp32; "bf16" reproduces HF's eager arithmetic in q's dtype
+            bit for bit: cos/sin rounded to q's dtype, out = rnd(rnd(x1 c) - rnd(x2 s)) etc. (Where cos/sin are wider
+            than q, HF would promote to fp32 and return fp32; we round cos/sin to q's dtype and keep q's dtype.)
+            None: the build default.
+        position_ids: accepted and ignored, as older HF versions did.
+    Returns:
+        (q_embed, k_embed) in q's and k's dtypes and layouts. cos/sin get no gradient (HF computes them under no_grad).
+    """
+    del position_ids
+    _checks.check_tensor(q, "q")
+    _checks.check_tensor(k, "k")
+    for name, t in (("cos", cos), ("sin", sin)):
+        _checks.check_tensor(t, name)
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor, got {t.dtype}")
+    _checks.check_same_device("q", q, k=k, cos=cos, sin=sin)
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        raise NotImplementedError("apply_rotary_pos_emb does not differentiate cos/sin; detach them")
+    resolved = _backend.resolve_backend(backend, q.device)
+    resolved_precision = _backend.resolve_precision(precision)
+    _checks.check_float(q, "q", resolved)
+    _checks.check_float(k, "k", resolved)
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"q and k must be 4-D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    rot = cos.shape[-1]
+    if rot % 2 or rot > q.shape[-1]:
+        raise ValueError(f"cos/sin last dim (rotary_dim) must be even and <= head_dim {q.shape[-1]}, got {rot}")
+    cos_u, sin_u = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    axis = unsqueeze_dim % cos_u.dim() + q.dim() - cos_u.dim()
+    if not 0 <= axis <= 2:
+        raise ValueError(f"unsqueeze_dim={unsqueeze_dim} does not select a head axis of q {tuple(q.shape)}")
+    outs = []
+    for name, x in (("q", q), ("k", k)):
+        target = x.shape[:-1] + (rot,)
+        try:
+            if torch.broadcast_shapes(cos_u.shape, target) != target:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(f"cos/sin {tuple(cos.shape)} unsqueezed at {unsqueeze_dim} do not broadcast to "
+                             f"{name}[..., :{rot}] {tuple(target)}") from None
+        x4, c3 = _table_views(x, cos_u, target, axis)
+        _, s3 = _table_views(x, sin_u, target, axis)
+        outs.append((x4, c3, s3))
+    (q4, c3, s3), (k4, kc3, ks3) = outs
+    if resolved != "cpu" and cos.dtype == torch.float64:  # only the CPU twin reads fp64 tables
+        c3, s3, kc3, ks3 = (t.to(torch.float32) for t in (c3, s3, kc3, ks3))
+    fused = q.dtype == k.dtype and q4.shape[:2] == k4.shape[:2]
+    code = _backend.precision_code(resolved_precision)
+    if q.numel() == 0 and k.numel() == 0:
+        return q.clone(), k.clone()
+    if resolved == "reference":
+        results = [_reference_cos_sin(x4, c, s, resolved_precision) for x4, c, s in ((q4, c3, s3), (k4, kc3, ks3))]
+    elif fused:
+        results = _ops(resolved)[2](_stride1(q4), _stride1(k4), c3, s3, False, False, code)
+    else:
+        op = _ops(resolved)[2]
+        results = [op(_stride1(x4), None, c, s, False, False, code)[0] for x4, c, s in ((q4, c3, s3), (k4, kc3, ks3))]
+    return results[0].movedim(2, axis), results[1].movedim(2, axis)
+
+
+def _reference_cos_sin(x4, cos, sin, precision):
+    low = precision == "bf16" and x4.dtype in (torch.float16, torch.bfloat16)
+    compute = x4.dtype if low else (torch.float64 if x4.dtype == torch.float64 else torch.float32)
+    xc = x4.to(compute)
+    return reference.hf_apply_rotary_pos_emb(xc, xc, cos.to(compute), sin.to(compute), unsqueeze_dim=2)[0].to(x4.dtype)

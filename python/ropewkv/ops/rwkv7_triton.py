@@ -1,0 +1,158 @@
+"""The Triton twin of wkv7 as opaque custom ops (fake kernels + autograd), so it runs under torch.compile(fullgraph).
+
+`wkv7_triton` is the entry point the public `ropewkv.wkv7` calls for backend="triton". The forward op also returns
+the fp32 state checkpoints (every CHUNK tokens) that the backward op recomputes from; they are only written when a
+gradient will be needed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _backend, _checks
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def _kernels():
+    # Imported lazily: Triton reads TRITON_INTERPRET when the kernels are decorated.
+    from ..triton_kernels import rwkv7
+
+    return rwkv7
+
+
+def _n_seqs(r: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> int:
+    return r.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def _state_shape(r, cu_seqlens):
+    return (_n_seqs(r, cu_seqlens), r.shape[2], r.shape[3], r.shape[3])
+
+
+def _checkpoint_shape(r, cu_seqlens, save: bool):
+    if not save:
+        return (0,)
+    slots = _kernels().checkpoint_slots(r.shape[0] * r.shape[1], _n_seqs(r, cu_seqlens))
+    return (slots, r.shape[2], r.shape[3], r.shape[3])
+
+
+@torch.library.custom_op("ropewkv::wkv7_triton_fwd", mutates_args=())
+def _wkv7_fwd(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+              initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], decay: str, precision: str,
+              save: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r, w, k, v, a, b = (x.contiguous() for x in (r, w, k, v, a, b))
+    y = _backend.new_output(r.shape, r.dtype, r.device)
+    final_state = _backend.new_output(_state_shape(r, cu_seqlens), torch.float32, r.device)
+    checkpoints = _backend.new_output(_checkpoint_shape(r, cu_seqlens, save), torch.float32, r.device)
+    _kernels().wkv7_forward(r, w, k, v, a, b, None if initial_state is None else initial_state.contiguous(),
+                            cu_seqlens, y, final_state, checkpoints if save else None, decay, precision == "bf16")
+    return y, final_state, checkpoints
+
+
+@torch.library.register_fake("ropewkv::wkv7_triton_fwd")
+def _wkv7_fwd_fake(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save):
+    return (torch.empty_like(r), r.new_empty(_state_shape(r, cu_seqlens), dtype=torch.float32),
+            r.new_empty(_checkpoint_shape(r, cu_seqlens, save), dtype=torch.float32))
+
+
+@torch.library.custom_op("ropewkv::wkv7_triton_bwd", mutates_args=())
+def _wkv7_bwd(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+              cu_seqlens: Optional[torch.Tensor], checkpoints: torch.Tensor, grad_y: torch.Tensor,
+              grad_final: Optional[torch.Tensor], decay: str, precision: str) -> list[torch.Tensor]:
+    r, w, k, v, a, b, grad_y = (x.contiguous() for x in (r, w, k, v, a, b, grad_y))
+    grads = [_backend.new_output(r.shape, r.dtype, r.device) for _ in range(6)]
+    grad_initial = _backend.new_output(_state_shape(r, cu_seqlens), torch.float32, r.device)
+    if grad_final is not None:
+        grad_final = grad_final.to(torch.float32).contiguous()
+    _kernels().wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, grads, grad_initial,
+                             decay, precision == "bf16")
+    return grads + [grad_initial]
+
+
+@torch.library.register_fake("ropewkv::wkv7_triton_bwd")
+def _wkv7_bwd_fake(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, decay, precision):
+    return [torch.empty_like(r) for _ in range(6)] + [r.new_empty(_state_shape(r, cu_seqlens), dtype=torch.float32)]
+
+
+def _setup_context(ctx, inputs, output):
+    r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save = inputs
+    ctx.save_for_backward(r, w, k, v, a, b, cu_seqlens, output[2])
+    ctx.decay, ctx.precision, ctx.save = decay, precision, save
+    ctx.has_initial_state = initial_state is not None
+
+
+def _backward(ctx, grad_y, grad_final, _grad_checkpoints):
+    r, w, k, v, a, b, cu_seqlens, checkpoints = ctx.saved_tensors
+    if not ctx.save:
+        raise RuntimeError("wkv7_triton: backward through a forward that saved no checkpoints (it ran with no input "
+                           "requiring grad, or with grad mode off)")
+    if grad_y is None:
+        grad_y = torch.zeros_like(r)
+    *grads, grad_initial = _wkv7_bwd(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, ctx.decay,
+                                     ctx.precision)
+    return (*grads, grad_initial if ctx.has_initial_state else None, None, None, None, None)
+
+
+torch.library.register_autograd("ropewkv::wkv7_triton_fwd", _backward, setup_context=_setup_context)
+
+
+def _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision) -> None:
+    kernels = _kernels()
+    named = {"r": r, "w": w, "k": k, "v": v, "a": a, "b": b}
+    for name, x in named.items():
+        _checks.check_float(x, name, "triton")
+        _checks.check_same_device("r", r, **{name: x})
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be [B, T, H, N], got shape {tuple(x.shape)}")
+        if x.shape != r.shape or x.dtype != r.dtype:
+            raise ValueError(f"{name} must match r's shape {tuple(r.shape)} and dtype {r.dtype}, "
+                             f"got {tuple(x.shape)} {x.dtype}")
+    if r.shape[3] not in kernels.HEAD_SIZES:
+        raise ValueError(f"head size N = r.shape[3] must be one of {kernels.HEAD_SIZES}, got {r.shape[3]}")
+    if decay not in kernels.DECAY_CODES:
+        raise ValueError(f"decay must be one of {tuple(kernels.DECAY_CODES)}, got {decay!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if cu_seqlens is not None:
+        _checks.check_tensor(cu_seqlens, "cu_seqlens")
+        _checks.check_same_device("r", r, cu_seqlens=cu_seqlens)
+        if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+            raise ValueError(f"cu_seqlens must be a 1-D int32/int64 tensor [n_seqs + 1], got {cu_seqlens.dtype} "
+                             f"shape {tuple(cu_seqlens.shape)}")
+        if r.shape[0] != 1:
+            raise ValueError(f"with cu_seqlens the sequences are packed, so B must be 1, got B = {r.shape[0]}")
+    if initial_state is not None:
+        _checks.check_tensor(initial_state, "initial_state")
+        _checks.check_same_device("r", r, initial_state=initial_state)
+        expected = _state_shape(r, cu_seqlens)
+        if initial_state.dtype != torch.float32 or tuple(initial_state.shape) != expected:
+            raise ValueError(f"initial_state must be fp32 of shape {expected}, got {initial_state.dtype} "
+                             f"{tuple(initial_state.shape)}")
+
+
+def wkv7_triton(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                cu_seqlens: Optional[torch.Tensor], decay: str, precision: str):
+    """The WKV7 recurrence on the Triton twin (sequential kernel; fp32 state, decay and sums in every precision).
+
+    Args:
+        r, w, k, v, a, b: [B, T, H, N], one dtype (fp32/fp16/bf16), CUDA tensors (or CPU under TRITON_INTERPRET=1).
+            N in (32, 64, 128, 256). Non-contiguous inputs are copied.
+        initial_state: None (zeros) or fp32 [B (n_seqs with cu_seqlens), H, N, N], S[v][k] (RWKV-LM layout).
+        output_final_state: return the final state too.
+        cu_seqlens: None, or int32/int64 [n_seqs + 1] on r's device, with B == 1: packed sequences
+            [cu[n], cu[n+1]), each from its own initial_state[n]. Must start at 0, end at T and not decrease
+            (not checked here: that needs a host sync); empty sequences are fine.
+        decay: "loglog" (d = exp(-exp(w))), "raw" (d = exp(-e^{-0.5} sigmoid(w))) or "log" (d = exp(w)).
+        precision: "fp32" (all arithmetic fp32) or "bf16" (RWKV-LM bf16 mode: inputs rounded to bf16 on load, y
+            and input gradients rounded to bf16 on store; state, decay and sums fp32).
+    Returns:
+        (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] or None). Differentiable wrt r..b
+        and initial_state, including through final_state.
+    """
+    _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision)
+    tensors = (r, w, k, v, a, b, initial_state)
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    y, final_state, _ = _wkv7_fwd(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save)
+    return y, (final_state if output_final_state else None)

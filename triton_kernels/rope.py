@@ -1,0 +1,249 @@
+"""Triton twin of the fused RoPE kernels.
+
+One program per token (a linear token grid, also for packed varlen): it computes the token's position, the cos/sin
+of its rotary frequencies once, and rotates every head of q and then of k with them (one launch for both).
+
+Angle: theta_i = position * inv_freq[i] is reduced to r in [-pi, pi] without losing the low bits of the product:
+  p + e = pf * f exactly (fma two-product), n = round(p / 2pi) (half away from zero, as C roundf),
+  r = ((p - n*HI) - n*MID) - n*LO + e with 2pi = HI + MID + LO (three fp32 parts, each step one fma).
+The error of r is ~2 fp32 roundings of |r| <= pi (~2.4e-7 rad) whatever the position, where naive fp32 pos*f loses
+~ulp(pos*f) (0.03 rad at pos*f ~ 1e6). On NVIDIA, tl.cos/tl.sin lower to libdevice __nv_cosf/__nv_sinf (accurate,
+~1-2 ulp; not sin.approx.f32), whose slow large-argument path is never taken for |r| <= pi.
+
+Interpreter notes (TRITON_INTERPRET=1, CPU): its tl.fma rounds the product first (numpy has no fma), so there the
+fma is done in fp64 (an fp32 product is exact in fp64; the sum rounds twice, which can differ from a true fma by one
+ulp in rare ties, never in the exact steps of the two-product); and its fp32->bf16 casts truncate, so there
+bf16 rounding is done with integer ops (round to nearest even). On a GPU, tl.fma and .to() are used directly.
+"""
+import triton
+import triton.language as tl
+
+from ._common import INTERPRETING
+
+# 2pi split into three fp32 parts (exact decomposition computed with mpmath), and fp32(1/2pi). Globals read in
+# @triton.jit code must be tl.constexpr when compiled.
+TWO_PI_HI = tl.constexpr(6.2831854820251465)          # fp32(2pi)            0x1.921fb6p+2
+TWO_PI_MID = tl.constexpr(-1.7484555314695172e-07)    # fp32(2pi - HI)       -0x1.777a5cp-23
+TWO_PI_LO = tl.constexpr(-6.8604980400235275e-15)     # fp32(2pi - HI - MID) -0x1.ee59dap-48
+INV_TWO_PI = tl.constexpr(0.15915493667125702)        # fp32(1/2pi)
+
+# Elements of one head block [BLOCK_H, BLOCK_HALF]: enough to keep a GPU's loads wide, few enough for registers.
+HEAD_BLOCK_ELEMENTS = 2048
+
+
+@triton.jit
+def _fma(x, y, z, INTERPRETING: tl.constexpr):
+    """x * y + z rounded once (x, z fp32 tensors; y an fp32 tensor or an fp32-exact constant)."""
+    if INTERPRETING:  # x * y promotes to fp64, where it is exact
+        return (x.to(tl.float64) * y + z.to(tl.float64)).to(tl.float32)
+    return tl.fma(x, y, z)
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr, INTERPRETING: tl.constexpr):
+    """x (fp32) rounded to nearest even in `dtype`, returned as fp32."""
+    if INTERPRETING and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _reduced_angle(pf, f, INTERPRETING: tl.constexpr):
+    """pf * f (both fp32, the product taken exactly) reduced modulo 2pi to about [-pi, pi]."""
+    p = pf * f
+    e = _fma(pf, f, -p, INTERPRETING)
+    t = p * INV_TWO_PI
+    n = tl.where(t >= 0, tl.floor(t + 0.5), -tl.floor(0.5 - t))
+    r = _fma(-n, TWO_PI_HI, p, INTERPRETING)
+    r = _fma(-n, TWO_PI_MID, r, INTERPRETING)
+    r = _fma(-n, TWO_PI_LO, r, INTERPRETING)
+    return r + e
+
+
+@triton.jit
+def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_heads, cos1, sin1, cos2, sin2,
+                  off1, off2, half_mask,
+                  ROTARY_DIM: tl.constexpr, REST: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_H: tl.constexpr,
+                  LOW_PRECISION: tl.constexpr, COPY_REST: tl.constexpr, INTERPRETING: tl.constexpr):
+    """Rotate every head of one token: out[off1] = x1 cos1 - x2 sin1, out[off2] = x2 cos2 + x1 sin2."""
+    dtype: tl.constexpr = o_ptr.dtype.element_ty
+    if LOW_PRECISION:  # HF eager in the io dtype: the tables are rounded, then every product and the sum.
+        cos1 = _round_to(cos1, dtype, INTERPRETING)
+        sin1 = _round_to(sin1, dtype, INTERPRETING)
+        cos2 = _round_to(cos2, dtype, INTERPRETING)
+        sin2 = _round_to(sin2, dtype, INTERPRETING)
+    x_tok = x_ptr + b * x_sb + s * x_ss
+    o_tok = o_ptr + b * o_sb + s * o_ss
+    rest = tl.arange(0, BLOCK_REST)
+    for h0 in range(0, n_heads, BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+        head_mask = h < n_heads
+        x_row = x_tok + h[:, None] * x_sh
+        o_row = o_tok + h[:, None] * o_sh
+        mask = head_mask[:, None] & half_mask[None, :]
+        x1 = tl.load(x_row + off1[None, :], mask=mask).to(tl.float32)
+        x2 = tl.load(x_row + off2[None, :], mask=mask).to(tl.float32)
+        if LOW_PRECISION:
+            out1 = _round_to(_round_to(x1 * cos1, dtype, INTERPRETING) - _round_to(x2 * sin1, dtype, INTERPRETING),
+                             dtype, INTERPRETING)
+            out2 = _round_to(_round_to(x2 * cos2, dtype, INTERPRETING) + _round_to(x1 * sin2, dtype, INTERPRETING),
+                             dtype, INTERPRETING)
+        else:
+            out1 = _round_to(x1 * cos1 - x2 * sin1, dtype, INTERPRETING)
+            out2 = _round_to(x2 * cos2 + x1 * sin2, dtype, INTERPRETING)
+        # out1/out2 hold values exact in `dtype`, so this cast is exact (also where the interpreter truncates).
+        tl.store(o_row + off1[None, :], out1.to(dtype), mask=mask)
+        tl.store(o_row + off2[None, :], out2.to(dtype), mask=mask)
+        if COPY_REST:  # dims past rotary_dim, bit for bit in the storage dtype
+            rest_mask = head_mask[:, None] & (rest < REST)[None, :]
+            tail = tl.load(x_row + ROTARY_DIM + rest[None, :], mask=rest_mask)
+            tl.store(o_row + ROTARY_DIM + rest[None, :], tail, mask=rest_mask)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, freq_ptr, pos_ptr, offset_ptr, cu_ptr, cos_ptr, sin_ptr,
+                 seqlen, n_qheads, n_kheads, n_seqs, search_steps, scaling,
+                 q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, qo_sb, qo_ss, qo_sh, ko_sb, ko_ss, ko_sh,
+                 pos_sb, pos_ss, cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+                 HALF: tl.constexpr, REST: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
+                 BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, LOW_PRECISION: tl.constexpr,
+                 FROM_TABLE: tl.constexpr, HAS_K: tl.constexpr, HAS_POSITIONS: tl.constexpr,
+                 HAS_OFFSETS: tl.constexpr, HAS_CU: tl.constexpr, COPY_REST: tl.constexpr,
+                 INTERPRETING: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    b = token // seqlen
+    s = token - b * seqlen
+
+    i = tl.arange(0, BLOCK_HALF)
+    half_mask = i < HALF
+    if INTERLEAVED:  # GPT-J pairs (2i, 2i+1)
+        off1 = 2 * i
+        off2 = 2 * i + 1
+    else:  # NeoX pairs (i, i + R/2)
+        off1 = i
+        off2 = i + HALF
+
+    if FROM_TABLE:  # HF tables, read at the output dim of each element
+        cos_tok = cos_ptr + b * cos_sb + s * cos_ss
+        sin_tok = sin_ptr + b * sin_sb + s * sin_ss
+        cos1 = tl.load(cos_tok + off1 * cos_sd, mask=half_mask).to(tl.float32)
+        cos2 = tl.load(cos_tok + off2 * cos_sd, mask=half_mask).to(tl.float32)
+        sin1 = tl.load(sin_tok + off1 * sin_sd, mask=half_mask).to(tl.float32)
+        sin2 = tl.load(sin_tok + off2 * sin_sd, mask=half_mask).to(tl.float32)
+    else:
+        if HAS_CU:
+            # The sequence n with cu[n] <= token < cu[n+1]: binary search, invariant cu[lo] <= token < cu[hi].
+            lo = token * 0
+            hi = lo + n_seqs
+            for _ in range(search_steps):
+                mid = (lo + hi) // 2
+                right = tl.load(cu_ptr + mid).to(tl.int64) <= token
+                lo = tl.where(right, mid, lo)
+                hi = tl.where(right, hi, mid)
+            if HAS_POSITIONS:
+                position = tl.load(pos_ptr + token * pos_ss).to(tl.int64)
+            else:
+                position = token - tl.load(cu_ptr + lo).to(tl.int64)
+            if HAS_OFFSETS:
+                position += tl.load(offset_ptr + lo).to(tl.int64)
+        else:
+            if HAS_POSITIONS:
+                position = tl.load(pos_ptr + b * pos_sb + s * pos_ss).to(tl.int64)
+            else:
+                position = s
+            if HAS_OFFSETS:
+                position += tl.load(offset_ptr + b).to(tl.int64)
+        f = tl.load(freq_ptr + i, mask=half_mask, other=0.0)
+        r = _reduced_angle(position.to(tl.float32), f, INTERPRETING)
+        cos1 = tl.cos(r) * scaling
+        sin1 = tl.sin(r) * scaling
+        cos2 = cos1
+        sin2 = sin1
+    if CONJUGATE:  # the transpose of the rotation (backward pass): for tables with unequal halves the two sines
+        sin1, sin2 = -sin2, -sin1  # also trade places; for an angle this is the inverse rotation, sin -> -sin
+
+    _rotate_heads(q_ptr, qo_ptr, q_sb, q_ss, q_sh, qo_sb, qo_ss, qo_sh, b, s, n_qheads, cos1, sin1, cos2, sin2,
+                  off1, off2, half_mask, 2 * HALF, REST, BLOCK_REST, BLOCK_HQ, LOW_PRECISION, COPY_REST,
+                  INTERPRETING)
+    if HAS_K:
+        _rotate_heads(k_ptr, ko_ptr, k_sb, k_ss, k_sh, ko_sb, ko_ss, ko_sh, b, s, n_kheads, cos1, sin1, cos2, sin2,
+                      off1, off2, half_mask, 2 * HALF, REST, BLOCK_REST, BLOCK_HK, LOW_PRECISION, COPY_REST,
+                      INTERPRETING)
+
+
+def _strides(x, n):
+    """The first n strides of x (zeros for an absent tensor)."""
+    return tuple(x.stride(d) for d in range(n)) if x is not None else (0,) * n
+
+
+def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, low_precision, *, inv_freq=None,
+                      positions=None, seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None, attention_scaling=1.0):
+    """(grid, positional args, keyword args: constexprs and compile options) of one _rope_kernel launch; None when
+    there is nothing to do."""
+    batch, seqlen, n_qheads, head_dim = q.shape
+    n_kheads = k.shape[2] if k is not None else 0
+    if batch * seqlen == 0 or (n_qheads == 0 and n_kheads == 0):
+        return None
+    half = rotary_dim // 2
+    block_half = triton.next_power_of_2(max(half, 1))
+    rest = head_dim - rotary_dim
+    in_place = q_out.data_ptr() == q.data_ptr() and (k is None or k_out.data_ptr() == k.data_ptr())
+    max_heads = max(1, HEAD_BLOCK_ELEMENTS // block_half)
+    n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else 0
+    args = (q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seqlens, cos, sin,
+            seqlen, n_qheads, n_kheads, n_seqs, max(n_seqs - 1, 0).bit_length(), float(attention_scaling),
+            *_strides(q, 3), *_strides(k, 3), *_strides(q_out, 3), *_strides(k_out, 3),
+            *_strides(positions, 2), *_strides(cos, 3), *_strides(sin, 3))
+    kwargs = dict(
+        HALF=half, REST=rest, BLOCK_HALF=block_half, BLOCK_REST=triton.next_power_of_2(max(rest, 1)),
+        BLOCK_HQ=min(triton.next_power_of_2(max(n_qheads, 1)), max_heads),
+        BLOCK_HK=min(triton.next_power_of_2(max(n_kheads, 1)), max_heads),
+        INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate), LOW_PRECISION=bool(low_precision),
+        FROM_TABLE=cos is not None, HAS_K=k is not None, HAS_POSITIONS=positions is not None,
+        HAS_OFFSETS=seqlen_offsets is not None, HAS_CU=cu_seqlens is not None,
+        COPY_REST=rest > 0 and not in_place, INTERPRETING=INTERPRETING,
+        # No a*b+c contraction: with it LLVM narrows rnd(rnd(x1 c) - rnd(x2 s)) to a bf16/fp16 fma (one rounding
+        # fewer than eager HF), and the GPU would differ from the interpreter. Explicit tl.fma is unaffected.
+        enable_fp_fusion=False)
+    return (batch * seqlen,), args, kwargs
+
+
+def _run(launch):
+    if launch is not None:
+        grid, args, kwargs = launch
+        _rope_kernel[grid](*args, **kwargs)
+
+
+def rope_forward(q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seqlens, interleaved: bool,
+                 conjugate: bool, attention_scaling: float, low_precision: bool) -> None:
+    """Rotate q (and k) at positions computed in the kernel; writes q_out (and k_out).
+
+    q: [B, S, Hq, D] and k: [B, S, Hk, D] or None, any strides with stride(-1) == 1 (thd as [1, T, H, D]);
+    q_out/k_out: same shapes (any strides, stride(-1) == 1), may be q/k themselves (in place: dims >= rotary_dim are
+    then not touched; otherwise they are copied bit for bit). inv_freq: fp32 contiguous [R/2], R = rotary_dim <= D.
+    positions: None or int32/int64 [B, S] (any strides, 0 allowed); seqlen_offsets: None or int64 [B] ([n_seqs] with
+    cu_seqlens); cu_seqlens: None or int32/int64 [n_seqs + 1] (then B == 1). The position of a token is that of
+    ropewkv.reference.rope.token_positions. conjugate rotates by -theta (the backward pass). low_precision reproduces
+    HF eager arithmetic in the io dtype; otherwise all math is fp32 with one rounding at the store.
+    """
+    _run(_launch_arguments(q, k, q_out, k_out, 2 * inv_freq.numel(), interleaved, conjugate, low_precision,
+                           inv_freq=inv_freq, positions=positions, seqlen_offsets=seqlen_offsets,
+                           cu_seqlens=cu_seqlens, attention_scaling=attention_scaling))
+
+
+def rope_cos_sin_forward(q, k, q_out, k_out, cos, sin, interleaved: bool, conjugate: bool,
+                         low_precision: bool) -> None:
+    """HF's q * cos + rotate_half(q) * sin with the given tables; writes q_out (and k_out).
+
+    q/k/q_out/k_out as in rope_forward. cos, sin: [B, S, R] views (any strides, 0 allowed; any float
+    dtype), R = rotary_dim <= D, read at each element's output dim. conjugate negates sin; low_precision rounds the
+    tables and every operation to the io dtype (bit-equal to HF eager bf16/fp16).
+    """
+    _run(_launch_arguments(q, k, q_out, k_out, cos.shape[-1], interleaved, conjugate, low_precision, cos=cos,
+                           sin=sin))
+
+
+__all__ = ["rope_forward", "rope_cos_sin_forward"]

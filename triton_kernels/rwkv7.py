@@ -1,0 +1,202 @@
+"""Triton twin of the RWKV-7 WKV recurrence: a sequential kernel, one program per (sequence, head).
+
+Per program the fp32 state S [N_v, N_k] (row i = value index, the RWKV-LM layout) lives in registers as one 2-D
+block, and each token is a few broadcasts and row/column reductions on it (no tl.dot, so no tensor-core rounding):
+    d = decay(w); sa = S a; S = S * d[None, :] + sa b^T + v k^T; y = S r.
+The forward saves an fp32 checkpoint of S before every CHUNK-th token. The backward walks the chunks backwards: it
+recomputes the chunk's states from its checkpoint into a per-program scratch buffer (exactly the forward's
+arithmetic), then runs the adjoint recurrence token by token in reverse. No backstepping (dividing by the decay),
+so the backward is as precise as the forward for any decay.
+
+Precision: the state, the decay, sa and every sum are fp32 always (the decay can be within 1e-3 of 1, where bf16
+cannot tell d from 1). LOW_PRECISION (the RWKV-LM bf16 mode) rounds the inputs to bf16 on load and y and the input
+gradients to bf16 on store, round-to-nearest-even (done with integer ops, so the interpreter rounds like a GPU).
+
+Sequences: without cu_seqlens, program n covers tokens [n*T, (n+1)*T) of the flattened [B*T] token axis; with it,
+[cu[n], cu[n+1]). Checkpoint slot of chunk c of sequence n = cu[n] // CHUNK + n + c: disjoint across sequences for
+any lengths, so the buffer needs (B*T) // CHUNK + n_seqs slots and no host sync.
+"""
+import triton
+import triton.language as tl
+
+from .decay import log_decay_from_raw, log_decay_from_raw_grad
+
+CHUNK = 16
+DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
+HEAD_SIZES = (32, 64, 128, 256)
+# Enough threads that the N x N fp32 blocks (three in the backward) mostly fit in registers.
+NUM_WARPS = {32: 2, 64: 4, 128: 8, 256: 16}
+
+
+def checkpoint_slots(tokens: int, n_seqs: int) -> int:
+    """Rows of the checkpoint buffer for `tokens` flattened tokens split into `n_seqs` sequences (see above)."""
+    return tokens // CHUNK + n_seqs
+
+
+@triton.jit
+def _rne_bf16(x):
+    """x rounded to the nearest bf16 (ties to even), kept in fp32; NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _load_in(ptr, offsets, LOW_PRECISION: tl.constexpr):
+    x = tl.load(ptr + offsets).to(tl.float32)
+    if LOW_PRECISION:
+        x = _rne_bf16(x)
+    return x
+
+
+@triton.jit
+def _store_out(ptr, offsets, x, LOW_PRECISION: tl.constexpr):
+    # The explicit bf16 rounding also makes interpreted bf16 stores round to nearest (the interpreter truncates).
+    if LOW_PRECISION or ptr.dtype.element_ty == tl.bfloat16:
+        x = _rne_bf16(x)
+    tl.store(ptr + offsets, x.to(ptr.dtype.element_ty))
+
+
+@triton.jit
+def _decay(w, DECAY: tl.constexpr):
+    """(d, d log d / dw) in fp32 for the convention DECAY (0 loglog, 1 raw, 2 log)."""
+    if DECAY == 0:
+        log_d = -tl.exp(w)
+        dlog = log_d
+    elif DECAY == 1:
+        log_d = log_decay_from_raw(w)
+        dlog = log_decay_from_raw_grad(w)
+    else:
+        log_d = w
+        dlog = tl.full(w.shape, 1.0, tl.float32)
+    return tl.exp(log_d), dlog
+
+
+@triton.jit
+def _program(cu_ptr, T, N: tl.constexpr, VARLEN: tl.constexpr):
+    """This program's sequence n, head h, token range [bos, eos), the index vector and the N x N block offsets."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    if VARLEN:
+        bos = tl.load(cu_ptr + n).to(tl.int64)
+        eos = tl.load(cu_ptr + n + 1).to(tl.int64)
+    else:
+        bos = n * T
+        eos = bos + T
+    offs = tl.arange(0, N).to(tl.int64)
+    return n, h, bos, eos, offs, offs[:, None] * N + offs[None, :]
+
+
+@triton.jit
+def _load_state(ptr, offsets, GIVEN: tl.constexpr, N: tl.constexpr):
+    if GIVEN:
+        return tl.load(ptr + offsets)
+    return tl.zeros((N, N), dtype=tl.float32)
+
+
+@triton.jit
+def _token(S, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
+    """One step of the recurrence from S = S_{t-1}: returns S_t and what the adjoint needs (sa, d, dlog, k, v, a, b)."""
+    d, dlog = _decay(_load_in(w_ptr, vec, LOW_PRECISION), DECAY)
+    k = _load_in(k_ptr, vec, LOW_PRECISION)
+    v = _load_in(v_ptr, vec, LOW_PRECISION)
+    a = _load_in(a_ptr, vec, LOW_PRECISION)
+    b = _load_in(b_ptr, vec, LOW_PRECISION)
+    sa = tl.sum(S * a[None, :], axis=1)
+    return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :], sa, d, dlog, k, v, a, b
+
+
+@triton.jit
+def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
+                     N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+                     HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
+    n, h, bos, eos, offs, mat = _program(cu_ptr, T, N, VARLEN)
+    state_at = (n * H + h) * N * N + mat
+    S = _load_state(s0_ptr, state_at, HAS_S0, N)
+    slot0 = bos // CHUNK + n
+    for c in range(0, tl.cdiv(eos - bos, CHUNK)):
+        t0 = bos + c * CHUNK
+        if SAVE:
+            tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat, S)
+        for t in range(t0, tl.minimum(t0 + CHUNK, eos)):
+            vec = (t * H + h) * N + offs
+            S, _, _, _, _, _, _, _ = _token(S, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
+            y = tl.sum(S * _load_in(r_ptr, vec, LOW_PRECISION)[None, :], axis=1)
+            _store_out(y_ptr, vec, y, LOW_PRECISION)
+    tl.store(sT_ptr + state_at, S)
+
+
+@triton.jit
+def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
+                     dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
+                     N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+                     HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+    n, h, bos, eos, offs, mat = _program(cu_ptr, T, N, VARLEN)
+    state_at = (n * H + h) * N * N + mat
+    # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
+    dS = _load_state(gsT_ptr, state_at, HAS_GST, N)
+    scratch = scratch_ptr + (n * H + h) * CHUNK * N * N + mat
+    slot0 = bos // CHUNK + n
+    n_chunks = tl.cdiv(eos - bos, CHUNK)
+    for cc in range(0, n_chunks):
+        c = n_chunks - 1 - cc
+        t0 = bos + c * CHUNK
+        t1 = tl.minimum(t0 + CHUNK, eos)
+        # Recompute the states before each token of the chunk (same arithmetic as the forward).
+        S = tl.load(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat)
+        for t in range(t0, t1):
+            tl.store(scratch + (t - t0) * N * N, S)
+            S, _, _, _, _, _, _, _ = _token(S, (t * H + h) * N + offs, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+                                            LOW_PRECISION)
+        tl.debug_barrier()
+        for tt in range(0, t1 - t0):
+            t = t1 - 1 - tt
+            prev = tl.load(scratch + (t - t0) * N * N)
+            vec = (t * H + h) * N + offs
+            S, sa, d, dlog, k, v, a, b = _token(prev, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
+            r = _load_in(r_ptr, vec, LOW_PRECISION)
+            gy = tl.load(gy_ptr + vec).to(tl.float32)
+            dS += gy[:, None] * r[None, :]
+            dsa = tl.sum(dS * b[None, :], axis=1)
+            _store_out(dr_ptr, vec, tl.sum(S * gy[:, None], axis=0), LOW_PRECISION)
+            _store_out(dv_ptr, vec, tl.sum(dS * k[None, :], axis=1), LOW_PRECISION)
+            _store_out(dk_ptr, vec, tl.sum(dS * v[:, None], axis=0), LOW_PRECISION)
+            _store_out(db_ptr, vec, tl.sum(dS * sa[:, None], axis=0), LOW_PRECISION)
+            _store_out(da_ptr, vec, tl.sum(prev * dsa[:, None], axis=0), LOW_PRECISION)
+            _store_out(dw_ptr, vec, tl.sum(dS * prev, axis=0) * d * dlog, LOW_PRECISION)
+            dS = dS * d[None, :] + dsa[:, None] * a[None, :]
+        # The next chunk's recompute overwrites the scratch rows read above.
+        tl.debug_barrier()
+    tl.store(ds0_ptr + state_at, dS)
+
+
+def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, checkpoints, decay: str,
+                 low_precision: bool):
+    """r..b, y: contiguous [B, T, H, N] (B == 1 with cu_seqlens); initial_state: None or fp32 [n_seqs, H, N, N];
+    cu_seqlens: None or int32/int64 [n_seqs + 1]; final_state: fp32 [n_seqs, H, N, N]; checkpoints: None (no
+    backward) or fp32 [checkpoint_slots(B*T, n_seqs), H, N, N]."""
+    batch, seqlen, heads, n = r.shape
+    n_seqs = final_state.shape[0]
+    if n_seqs * heads == 0:
+        return
+    _wkv7_fwd_kernel[(n_seqs, heads)](
+        r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
+        y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
+        N=n, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, HAS_S0=initial_state is not None,
+        VARLEN=cu_seqlens is not None, SAVE=checkpoints is not None, num_warps=NUM_WARPS[n])
+
+
+def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, grads, grad_initial, decay: str,
+                  low_precision: bool):
+    """grads: six contiguous [B, T, H, N] outputs (dr, dw, dk, dv, da, db); grad_y: contiguous [B, T, H, N];
+    grad_final: None or fp32 [n_seqs, H, N, N]; grad_initial: fp32 [n_seqs, H, N, N] output."""
+    batch, seqlen, heads, n = r.shape
+    n_seqs = grad_initial.shape[0]
+    if n_seqs * heads == 0:
+        return
+    scratch = r.new_empty((n_seqs, heads, CHUNK, n, n), dtype=checkpoints.dtype)
+    _wkv7_bwd_kernel[(n_seqs, heads)](
+        r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
+        grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
+        N=n, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, HAS_GST=grad_final is not None,
+        VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS[n])
