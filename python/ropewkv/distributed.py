@@ -92,16 +92,16 @@ class _ReceiveState(torch.autograd.Function):
     requires grad, so that the received state joins the autograd graph."""
 
     @staticmethod
-    def forward(ctx, anchor, shape, group, rank):
+    def forward(ctx, anchor, shape, dtype, group, rank):
         ctx.group, ctx.rank = group, rank
-        state = torch.empty(shape, dtype=torch.float32, device=anchor.device)
+        state = torch.empty(shape, dtype=dtype, device=anchor.device)
         dist.recv(state, group_src=rank - 1, group=group)
         return state
 
     @staticmethod
     def backward(ctx, grad_state):
         dist.send(grad_state.contiguous(), group_dst=ctx.rank - 1, group=ctx.group)
-        return None, None, None, None
+        return None, None, None, None, None
 
 
 class _SendState(torch.autograd.Function):
@@ -118,7 +118,7 @@ class _SendState(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, grad_final):
         # grad_final is materialised (zeros when the caller does not use the returned state).
-        received = torch.empty_like(grad_final, dtype=torch.float32)
+        received = torch.empty_like(grad_final)
         dist.recv(received, group_src=ctx.rank + 1, group=ctx.group)
         return grad_y, received + grad_final, None, None
 
@@ -144,14 +144,15 @@ def wkv7_sequence_parallel(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v:
     and its backward for rank r+1's. The backward of rank r runs when its loss depends on y or on the returned
     state. Equal to one process running wkv7 on the concatenated sequence (fp32 state is handed over exactly).
     """
-    from . import wkv7
+    from .ops.rwkv7 import wkv7
 
     group = group or dist.group.WORLD
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     state = initial_state
     if rank > 0:
         anchor = next((x for x in (r, w, k, v, a, b) if x.requires_grad), r)
-        state = _ReceiveState.apply(anchor, (r.shape[0], r.shape[2], r.shape[3], r.shape[3]), group, rank)
+        dtype = torch.float64 if r.dtype == torch.float64 else torch.float32  # wkv7's state dtype
+        state = _ReceiveState.apply(anchor, (r.shape[0], r.shape[2], r.shape[3], r.shape[3]), dtype, group, rank)
     need_final = output_final_state or rank < world_size - 1
     y, final_state = wkv7(r, w, k, v, a, b, initial_state=state, output_final_state=need_final, decay=decay,
                           precision=precision, backend=backend)
