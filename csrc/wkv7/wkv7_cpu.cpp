@@ -1,0 +1,308 @@
+// Schemas and CPU twin of the RWKV-7 WKV ops, built from the math header the CUDA kernels use (ropewkv/wkv7.h).
+// Parallel over (sequence, head); each task runs its recurrence sequentially in fp32 (fp64 for fp64 I/O).
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "wkv7_glue.h"
+
+namespace ropewkv {
+namespace {
+
+using wkv7::Decay;
+using wkv7::kCheckpointEvery;
+
+// One token's per-channel inputs, widened (and bf16-rounded in the bf16 mode). The decay is computed here, in the
+// compute type, whatever the I/O dtype.
+template <typename acc_t>
+struct Token {
+  std::vector<acc_t> r, d, dlog, k, v, a, b;
+  explicit Token(int64_t n) : r(n), d(n), dlog(n), k(n), v(n), a(n), b(n) {}
+
+  template <Precision P, typename io_t>
+  void load(const wkv7::Inputs& in, const io_t* const* ptrs, int64_t base, Decay decay, bool with_grad) {
+    const int64_t n = in.head_size;
+    for (int64_t j = 0; j < n; ++j) {
+      r[j] = wkv7::load<P>(ptrs[0][base + j]);
+      const acc_t w = wkv7::load<P>(ptrs[1][base + j]);
+      d[j] = wkv7::decay_of(w, decay);
+      if (with_grad) dlog[j] = wkv7::log_decay_grad(w, decay);
+      k[j] = wkv7::load<P>(ptrs[2][base + j]);
+      v[j] = wkv7::load<P>(ptrs[3][base + j]);
+      a[j] = wkv7::load<P>(ptrs[4][base + j]);
+      b[j] = wkv7::load<P>(ptrs[5][base + j]);
+    }
+  }
+};
+
+template <typename scalar_t>
+std::array<const storage_t<scalar_t>*, 6> input_ptrs(const wkv7::Inputs& in) {
+  return {storage_ptr<scalar_t>(in.r), storage_ptr<scalar_t>(in.w), storage_ptr<scalar_t>(in.k),
+          storage_ptr<scalar_t>(in.v), storage_ptr<scalar_t>(in.a), storage_ptr<scalar_t>(in.b)};
+}
+
+// S (n x n) <- the state at the start of sequence s (initial_state[s] or zeros).
+template <typename acc_t>
+void load_initial(const wkv7::Inputs& in, int64_t s, int64_t h, acc_t* S) {
+  const int64_t nn = in.head_size * in.head_size;
+  if (!in.initial_state.defined()) {
+    std::fill(S, S + nn, acc_t(0));
+    return;
+  }
+  const acc_t* src = in.initial_state.const_data_ptr<acc_t>() + (s * in.heads + h) * nn;
+  std::copy(src, src + nn, S);
+}
+
+template <typename acc_t>
+acc_t* checkpoint_slot(const wkv7::Inputs& in, acc_t* ckpt, int64_t batch, int64_t p, int64_t h) {
+  const int64_t nn = in.head_size * in.head_size;
+  return ckpt + ((batch * in.chunks + p / kCheckpointEvery) * in.heads + h) * nn;
+}
+
+void check_cu_seqlens_values(const wkv7::Inputs& in) {
+  if (!in.cu_seqlens.defined()) return;
+  const int64_t* cu = in.cu_seqlens.const_data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(cu[0] == 0 && cu[in.n_seqs] == in.seqlen, "cu_seqlens must start at 0 and end at T = ",
+                    in.seqlen, ", got ", in.cu_seqlens);
+  for (int64_t s = 0; s < in.n_seqs; ++s) {
+    TORCH_CHECK_VALUE(cu[s] <= cu[s + 1], "cu_seqlens must be non-decreasing, got ", in.cu_seqlens);
+  }
+}
+
+template <typename io_t, Precision P, typename scalar_t>
+void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_out, at::Tensor& final_out,
+                  at::Tensor& ckpt_out) {
+  using acc_t = wkv7::compute_t<io_t>;
+  const int64_t n = in.head_size, nn = n * n;
+  const auto ptrs = input_ptrs<scalar_t>(in);
+  io_t* y = storage_ptr<scalar_t>(y_out);
+  acc_t* final_state = final_out.data_ptr<acc_t>();
+  acc_t* ckpt = save ? ckpt_out.data_ptr<acc_t>() : nullptr;
+  const int64_t* cu = in.cu_seqlens.defined() ? in.cu_seqlens.const_data_ptr<int64_t>() : nullptr;
+  at::parallel_for(0, in.n_seqs * in.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> S(nn);
+    Token<acc_t> tok(n);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t s = task / in.heads, h = task % in.heads;
+      int64_t batch, start, stop;
+      wkv7::sequence_range(cu, s, in.seqlen, batch, start, stop);
+      load_initial(in, s, h, S.data());
+      for (int64_t p = start; p < stop; ++p) {
+        if (save && p % kCheckpointEvery == 0) {
+          acc_t* slot = checkpoint_slot(in, ckpt, batch, p, h);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < n; ++j) slot[j * n + i] = S[i * n + j];
+        }
+        const int64_t base = ((batch * in.seqlen + p) * in.heads + h) * n;
+        tok.template load<P>(in, ptrs.data(), base, decay, false);
+        for (int64_t i = 0; i < n; ++i) {
+          acc_t sa;
+          const acc_t yi = wkv7::step_row(&S[i * n], int(n), tok.r.data(), tok.d.data(), tok.k.data(),
+                                          tok.a.data(), tok.b.data(), tok.v[i], sa);
+          y[base + i] = wkv7::store<io_t, P>(yi);
+        }
+      }
+      std::copy(S.begin(), S.end(), final_state + task * nn);
+    }
+  });
+}
+
+template <typename io_t, Precision P, typename scalar_t>
+void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y, const at::Tensor& grad_state,
+                   const at::Tensor& ckpt_in, std::array<at::Tensor, 6>& grads, at::Tensor& grad_s0) {
+  using acc_t = wkv7::compute_t<io_t>;
+  const int64_t n = in.head_size, nn = n * n;
+  const auto ptrs = input_ptrs<scalar_t>(in);
+  const io_t* gy = storage_ptr<scalar_t>(grad_y);
+  const acc_t* gs = grad_state.defined() ? grad_state.const_data_ptr<acc_t>() : nullptr;
+  const acc_t* ckpt = ckpt_in.const_data_ptr<acc_t>();
+  io_t* out[6];
+  for (int i = 0; i < 6; ++i) out[i] = storage_ptr<scalar_t>(grads[i]);
+  acc_t* ds0 = grad_s0.data_ptr<acc_t>();
+  const int64_t* cu = in.cu_seqlens.defined() ? in.cu_seqlens.const_data_ptr<int64_t>() : nullptr;
+  at::parallel_for(0, in.n_seqs * in.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> G(nn), states((kCheckpointEvery + 1) * nn), sa(kCheckpointEvery * n), dy(n);
+    std::vector<acc_t> dr(n), dk(n), db(n), dd(n), da(n);
+    Token<acc_t> tok(n);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t s = task / in.heads, h = task % in.heads;
+      int64_t batch, start, stop;
+      wkv7::sequence_range(cu, s, in.seqlen, batch, start, stop);
+      if (gs != nullptr) {
+        std::copy(gs + task * nn, gs + (task + 1) * nn, G.begin());
+      } else {
+        std::fill(G.begin(), G.end(), acc_t(0));
+      }
+      for (int64_t chunk_end = stop; chunk_end > start;) {
+        const int64_t q = wkv7::chunk_start(chunk_end - 1, start), len = chunk_end - q;
+        // Recompute S_{q-1} .. S_{chunk_end-1} (states[l] = the state before token q + l) and sa from the chunk's
+        // checkpoint, exactly as the forward computed them.
+        if (q == start) {
+          load_initial(in, s, h, states.data());
+        } else {
+          const acc_t* slot = checkpoint_slot(in, ckpt, batch, q, h);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < n; ++j) states[i * n + j] = slot[j * n + i];
+        }
+        for (int64_t l = 0; l < len; ++l) {
+          const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
+          tok.template load<P>(in, ptrs.data(), base, decay, false);
+          acc_t* next = &states[(l + 1) * nn];
+          std::copy(&states[l * nn], &states[l * nn] + nn, next);
+          for (int64_t i = 0; i < n; ++i) {
+            wkv7::step_row(next + i * n, int(n), tok.r.data(), tok.d.data(), tok.k.data(), tok.a.data(),
+                           tok.b.data(), tok.v[i], sa[l * n + i]);
+          }
+        }
+        for (int64_t l = len - 1; l >= 0; --l) {
+          const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
+          tok.template load<P>(in, ptrs.data(), base, decay, true);
+          for (int64_t j = 0; j < n; ++j) dy[j] = wkv7::load<P>(gy[base + j]);
+          const acc_t* prev = &states[l * nn];
+          const acc_t* cur = &states[(l + 1) * nn];
+          std::fill(dr.begin(), dr.end(), acc_t(0));
+          std::fill(dk.begin(), dk.end(), acc_t(0));
+          std::fill(db.begin(), db.end(), acc_t(0));
+          std::fill(dd.begin(), dd.end(), acc_t(0));
+          std::fill(da.begin(), da.end(), acc_t(0));
+          for (int64_t i = 0; i < n; ++i) {
+            acc_t* g = &G[i * n];
+            acc_t dv_i, dsa_i;
+            wkv7::adjoint_row_output(g, int(n), dy[i], tok.r.data(), tok.k.data(), tok.b.data(), dv_i, dsa_i);
+            const acc_t v_i = tok.v[i], sa_i = sa[l * n + i];
+            for (int64_t j = 0; j < n; ++j) {  // row i's share of the column sums
+              dr[j] += cur[i * n + j] * dy[i];
+              dk[j] += g[j] * v_i;
+              db[j] += g[j] * sa_i;
+              dd[j] += g[j] * prev[i * n + j];
+              da[j] += prev[i * n + j] * dsa_i;
+            }
+            wkv7::adjoint_row_propagate(g, int(n), tok.d.data(), dsa_i, tok.a.data());
+            out[3][base + i] = wkv7::store<io_t, P>(dv_i);
+          }
+          for (int64_t j = 0; j < n; ++j) {
+            out[0][base + j] = wkv7::store<io_t, P>(dr[j]);
+            out[1][base + j] = wkv7::store<io_t, P>(dd[j] * tok.d[j] * tok.dlog[j]);
+            out[2][base + j] = wkv7::store<io_t, P>(dk[j]);
+            out[4][base + j] = wkv7::store<io_t, P>(da[j]);
+            out[5][base + j] = wkv7::store<io_t, P>(db[j]);
+          }
+        }
+        chunk_end = q;
+      }
+      std::copy(G.begin(), G.end(), ds0 + task * nn);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv7_forward_cpu(
+    const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+    const at::Tensor& b, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
+    int64_t decay_code, int64_t precision, bool save_checkpoints) {
+  const wkv7::Inputs in = wkv7::check_inputs(r, w, k, v, a, b, initial_state, cu_seqlens, /*allow_fp64=*/true);
+  const Decay decay = wkv7::decay_from(decay_code);
+  check_cu_seqlens_values(in);
+  at::Tensor y = new_output_like(in.r);
+  at::Tensor final_state = wkv7::new_state(in, in.n_seqs);
+  at::Tensor ckpt = wkv7::new_checkpoints(in, save_checkpoints);
+  ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_forward_cpu", [&] {
+    ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
+      forward_impl<io_t, kPrecision, scalar_t>(in, decay, save_checkpoints, y, final_state, ckpt);
+    });
+  });
+  return {y, final_state, ckpt};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv7_backward_cpu(
+    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_final_state, const at::Tensor& r,
+    const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b,
+    const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
+    const at::Tensor& checkpoints, int64_t decay_code, int64_t precision) {
+  const wkv7::Inputs in = wkv7::check_inputs(r, w, k, v, a, b, initial_state, cu_seqlens, /*allow_fp64=*/true);
+  const Decay decay = wkv7::decay_from(decay_code);
+  check_cu_seqlens_values(in);
+  wkv7::check_checkpoints(checkpoints, in);
+  TORCH_CHECK_VALUE(grad_y.sizes() == r.sizes(), "grad_y has shape ", grad_y.sizes(), " but r has ", r.sizes());
+  const at::Tensor gy = grad_y.to(r.scalar_type()).contiguous();
+  const at::Tensor gs = wkv7::check_grad_state(grad_final_state, in);
+  const at::Tensor ckpt = checkpoints.contiguous();
+  std::array<at::Tensor, 6> grads;
+  for (auto& g : grads) g = new_output_like(in.r);
+  at::Tensor grad_s0 = wkv7::new_state(in, in.n_seqs);
+  ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_backward_cpu", [&] {
+    ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
+      backward_impl<io_t, kPrecision, scalar_t>(in, decay, gy, gs, ckpt, grads, grad_s0);
+    });
+  });
+  return {grads[0], grads[1], grads[2], grads[3], grads[4], grads[5], grad_s0};
+}
+
+at::Tensor wkv7_step_cpu(const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& a, const at::Tensor& b, at::Tensor& state, int64_t decay_code,
+                         int64_t precision) {
+  const at::Tensor xs[] = {r, w, k, v, a, b};
+  wkv7::check_same(xs, 3, /*allow_fp64=*/true);
+  const Decay decay = wkv7::decay_from(decay_code);
+  const int64_t batch = r.size(0), heads = r.size(1), n = r.size(2), nn = n * n;
+  TORCH_CHECK_VALUE(state.dim() == 4 && state.size(0) == batch && state.size(1) == heads && state.size(2) == n &&
+                        state.size(3) == n,
+                    "state must have shape [", batch, ", ", heads, ", ", n, ", ", n, "], got ", state.sizes());
+  TORCH_CHECK_TYPE(state.scalar_type() == wkv7::state_dtype_for(r), "state must be ", wkv7::state_dtype_for(r),
+                   ", got ", state.scalar_type());
+  TORCH_CHECK_VALUE(state.is_contiguous(), "state must be contiguous (it is updated in place)");
+  wkv7::Inputs in;
+  in.r = r.contiguous();
+  in.w = w.contiguous();
+  in.k = k.contiguous();
+  in.v = v.contiguous();
+  in.a = a.contiguous();
+  in.b = b.contiguous();
+  in.head_size = n;
+  at::Tensor y = new_output_like(in.r);
+  ROPEWKV_DISPATCH_IO(r.scalar_type(), "wkv7_step_cpu", [&] {
+    ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
+      using acc_t = wkv7::compute_t<io_t>;
+      const auto ptrs = input_ptrs<scalar_t>(in);
+      io_t* out = storage_ptr<scalar_t>(y);
+      acc_t* S = state.data_ptr<acc_t>();
+      at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+        Token<acc_t> tok(n);
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t base = task * n;
+          tok.template load<kPrecision>(in, ptrs.data(), base, decay, false);
+          for (int64_t i = 0; i < n; ++i) {
+            acc_t sa;
+            const acc_t yi = wkv7::step_row(S + task * nn + i * n, int(n), tok.r.data(), tok.d.data(),
+                                            tok.k.data(), tok.a.data(), tok.b.data(), tok.v[i], sa);
+            out[base + i] = wkv7::store<io_t, kPrecision>(yi);
+          }
+        }
+      });
+    });
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ropewkv, m) {
+  m.def(
+      "wkv7_forward(Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, Tensor b, Tensor? initial_state, "
+      "Tensor? cu_seqlens, int decay, int precision, bool save_checkpoints) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "wkv7_backward(Tensor grad_y, Tensor? grad_final_state, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, "
+      "Tensor b, Tensor? initial_state, Tensor? cu_seqlens, Tensor checkpoints, int decay, int precision) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "wkv7_step(Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, Tensor b, Tensor(s!) state, int decay, "
+      "int precision) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ropewkv, CPU, m) {
+  m.impl("wkv7_forward", &wkv7_forward_cpu);
+  m.impl("wkv7_backward", &wkv7_backward_cpu);
+  m.impl("wkv7_step", &wkv7_step_cpu);
+}
+
+}  // namespace ropewkv
