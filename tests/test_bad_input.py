@@ -247,8 +247,9 @@ def test_rotary_embedding_bad_dim():
 # Zero-size inputs work and return empty results.
 
 
-@pytest.mark.parametrize("shape", [(0, 4, 2, 8), (2, 0, 2, 8), (2, 4, 0, 8)], ids=["B0", "S0", "H0"])
-def test_rope_zero_size(device, shape):
+def test_rope_zero_heads(device):
+    """Zero heads (B = 0 and S = 0 are in test_rope.py)."""
+    shape = (2, 4, 0, 8)
     q = torch.empty(shape, device=device, dtype=torch.bfloat16)
     inv_freq = rope_inv_freq(8, device=device)
     for backend in kernel_backends(device):

@@ -34,18 +34,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, port: int, check, args) -> None:
+def _worker(rank: int, port: int, check, configs) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
         torch.set_num_threads(1)
-        check(rank, *args)
+        for args in configs:
+            check(rank, *args)
+        dist.barrier()  # nobody tears down gloo while the other rank still communicates
     finally:
         dist.destroy_process_group()
 
 
-def _run(check, *args) -> None:
-    """Run check(rank, *args) in WORLD gloo processes; a failed assertion in any of them fails the test."""
-    mp.spawn(_worker, args=(_free_port(), check, args), nprocs=WORLD, join=True)
+def _run(check, configs) -> None:
+    """Run check(rank, *args) for each args in configs, in WORLD gloo processes (one spawn: ~5 s of imports); a
+    failed assertion in any of them fails the test."""
+    mp.spawn(_worker, args=(_free_port(), check, configs), nprocs=WORLD, join=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -99,13 +102,13 @@ def _check_data_parallel(rank: int, wrap: str) -> None:
     dist.all_gather(losses, loss.detach())
     torch.testing.assert_close(torch.stack(losses).mean(), expected_loss, **FP64)
     for name, p in model.named_parameters():
-        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP2: sharded DTensor
+        assert hasattr(p.grad, "full_tensor") == (wrap == "fsdp2")  # FSDP2 shards parameters as DTensors
+        grad = p.grad.full_tensor() if wrap == "fsdp2" else p.grad
         torch.testing.assert_close(grad, expected_grads[name], **FP64, msg=f"{wrap} grad of {name}")
 
 
-@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
-def test_data_parallel_matches_single_process(wrap):
-    _run(_check_data_parallel, wrap)
+def test_ddp_and_fsdp2_match_single_process():
+    _run(_check_data_parallel, [("ddp",), ("fsdp2",)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -146,12 +149,11 @@ def _check_sequence_parallel(rank: int, dtype, slices, with_initial_state: bool)
         torch.testing.assert_close(local_s0.grad, expected[-1], rtol=0, atol=0, msg="grad of initial_state")
 
 
-@pytest.mark.parametrize("dtype,slices,with_initial_state", [
-    (torch.float64, (8, 8), True),
-    (torch.bfloat16, (5, 12), False),  # uneven slices, low-precision I/O, zero initial state
-])
-def test_sequence_parallel_wkv7_matches_single_process(dtype, slices, with_initial_state):
-    _run(_check_sequence_parallel, dtype, slices, with_initial_state)
+def test_sequence_parallel_wkv7_matches_single_process():
+    _run(_check_sequence_parallel, [
+        (torch.float64, (8, 8), True),
+        (torch.bfloat16, (5, 12), False),  # uneven slices, low-precision I/O, zero initial state
+    ])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -180,9 +182,8 @@ def _check_context_parallel(rank: int, split: str) -> None:
         assert torch.equal(by_offset, q_rot.detach())
 
 
-@pytest.mark.parametrize("split", rd.SPLITS)
-def test_context_parallel_rope_matches_unsharded(split):
-    _run(_check_context_parallel, split)
+def test_context_parallel_rope_matches_unsharded():
+    _run(_check_context_parallel, [(split,) for split in rd.SPLITS])
 
 
 def test_shard_layouts_without_a_process_group():
