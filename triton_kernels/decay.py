@@ -18,13 +18,13 @@ def sigmoid_pair(x):
 @triton.jit
 def log_decay_from_raw(x):
     pos, _ = sigmoid_pair(x)
-    return -EXP_MINUS_HALF * pos
+    return -(pos * EXP_MINUS_HALF)  # tensor first: the interpreter keeps constexpr * tensor a constexpr
 
 
 @triton.jit
 def log_decay_from_raw_grad(x):
     pos, neg = sigmoid_pair(x)
-    return -EXP_MINUS_HALF * pos * neg
+    return -(pos * neg * EXP_MINUS_HALF)
 
 
 @triton.jit
