@@ -180,6 +180,24 @@ def test_gradcheck_fp64_cpu_twin():
     assert torch.autograd.gradcheck(lambda a, b: apply_rotary_pos_emb(a, b, cos, sin, 2, backend="cpu"), (q, k))
 
 
+def test_cos_sin_backward_is_the_transpose_on_every_twin(device):
+    """Arbitrary tables (unequal halves): the gradient must be the transpose of the rotation, not sin -> -sin."""
+    gen = seeded(13)
+    q = rp.rope_input(1, 3, 2, 12, torch.float32, "bhsd", gen).to(device)  # HF's [B, H, S, D]
+    k = rp.rope_input(1, 3, 1, 12, torch.float32, "bhsd", gen).to(device)
+    cos, sin = (torch.randn(1, 3, 8, generator=gen).to(device) for _ in range(2))
+    grads = [torch.randn(t.shape, generator=gen).to(device) for t in (q, k)]
+    q64, k64 = (t.double().requires_grad_() for t in (q, k))
+    want = torch.autograd.grad(reference.hf_apply_rotary_pos_emb(q64, k64, cos.double(), sin.double()),
+                               (q64, k64), [g.double() for g in grads])
+    for backend in kernel_backends(device):
+        qb, kb = (t.detach().clone().requires_grad_() for t in (q, k))
+        with poisoned_outputs():
+            got = torch.autograd.grad(apply_rotary_pos_emb(qb, kb, cos, sin, backend=backend), (qb, kb), grads)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.double(), w, rtol=0, atol=1e-5, msg=backend)  # fp32 math, |terms| < 10
+
+
 def test_bad_input_is_named():
     q, inv = torch.randn(1, 2, 2, 8), rp.rope_inv_freq(8)
     cases = [

@@ -13,18 +13,15 @@ fp16/bf16 0.50 ulp at the pair norm and at most 0.86 (fp16) / 0.52 (bf16) ulp by
     (the foundation's bound for one final rounding).
 """
 import math
-import os
-import subprocess
-import sys
 
 import pytest
-import triton
 import torch
 
 from ropewkv.reference import rope as reference
 from ropewkv.testing import max_ulp_error, seeded, ulp
 from ropewkv.testing.rope import rope_input, rope_inv_freq
 from ropewkv.triton_kernels import rope as kernels
+from triton_sm90 import captured_launches, ptx_for_sm90, run_without_interpreter
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP32_PAIR_ULP = 8.0
@@ -295,31 +292,10 @@ def test_empty_inputs_launch_nothing(device):
                                      torch.empty(shape[:2] + (16,), device=device), False, False, False)
 
 
-TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
-                torch.int64: "i64"}
-
-
-def ptx_for_sm90(launch):
-    """Compile one launch of the kernel for an H100 without a GPU (Triton's bundled NVIDIA backend): the
-    interpreter never sees the compiler, e.g. its a*b+c contraction or which sin/cos it emits."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    _, args, kwargs = launch
-    options = {"enable_fp_fusion": kwargs.pop("enable_fp_fusion")}
-    values = dict(zip(kernels._rope_kernel.arg_names, args), **kwargs)
-    signature, constexprs = {}, {}
-    for name, value in values.items():
-        if isinstance(value, torch.Tensor):
-            signature[name] = "*" + TRITON_TYPES[value.dtype]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        elif isinstance(value, int) and name not in kwargs:
-            signature[name] = "i64"
-        else:
-            signature[name], constexprs[name] = "constexpr", value
-    source = ASTSource(fn=kernels._rope_kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+def rope_ptx(launcher, *args):
+    with captured_launches() as launches:
+        launcher(*args)
+    return ptx_for_sm90(*launches[0])
 
 
 def test_compiles_for_nvidia_as_intended():
@@ -327,20 +303,16 @@ def test_compiles_for_nvidia_as_intended():
     reduction constant) and libdevice's accurate __nv_sinf/__nv_cosf (not sin.approx); low precision keeps
     every rounding of eager HF (no contraction into a bf16 fma)."""
     if kernels.INTERPRETING:  # @triton.jit gave interpreted functions here: compile in a process without it
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                 f"{__file__}::test_compiles_for_nvidia_as_intended"],
-                                env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+        run_without_interpreter(__file__, "test_compiles_for_nvidia_as_intended")
         return
     q = torch.empty(1, 2, 4, 128, dtype=torch.bfloat16)
     positions = torch.zeros(1, 2, dtype=torch.int64)
     cu_seqlens = torch.tensor([0, 2], dtype=torch.int32)
     inv_freq = rope_inv_freq(128)
-    ptx = ptx_for_sm90(kernels._launch_arguments(q, q, q, q, 128, False, False, False, inv_freq=inv_freq,
-                                                 positions=positions, seqlen_offsets=positions[0],
-                                                 cu_seqlens=cu_seqlens))
+    ptx = rope_ptx(kernels.rope_forward, q, q, q, q, inv_freq, positions, positions[0], cu_seqlens, False, False,
+                   1.0, False)
     assert "fma.rn.f32" in ptx and "0f40C90FDB" in ptx  # fp32(2pi) = 0x40C90FDB
     assert "__nv_sinf" in ptx and "__nv_cosf" in ptx and ".approx" not in ptx.split("__nv_sinf")[0]
     table = torch.empty(1, 2, 128, dtype=torch.bfloat16)
-    ptx = ptx_for_sm90(kernels._launch_arguments(q, None, q, None, 128, True, False, True, cos=table, sin=table))
+    ptx = rope_ptx(kernels.rope_cos_sin_forward, q, None, q, None, table, table, True, False, True)
     assert "mul.rn.bf16" in ptx and "fma.rn.bf16" not in ptx

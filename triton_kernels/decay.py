@@ -18,7 +18,7 @@ def sigmoid_pair(x):
 @triton.jit
 def log_decay_from_raw(x):
     pos, _ = sigmoid_pair(x)
-    return -(pos * EXP_MINUS_HALF)  # tensor first: the interpreter keeps constexpr * tensor a constexpr
+    return -(pos * EXP_MINUS_HALF)
 
 
 @triton.jit

@@ -3,9 +3,21 @@
 Math is fp32 (or better) by default whatever the input dtype and autocast; outputs keep the input dtype; every op's
 error against an fp64 oracle is measured (`python -m ropewkv parity`).
 """
+from . import nn
 from ._backend import BackendUnavailableError, available_backends, build_precision
+from .nn import RotaryEmbedding
 from .ops.decay import rwkv7_log_decay
+from .ops.rope import apply_rotary_pos_emb, rope
 
 __version__ = "0.1.0"
 
-__all__ = ["BackendUnavailableError", "available_backends", "build_precision", "rwkv7_log_decay"]
+__all__ = [
+    "BackendUnavailableError",
+    "RotaryEmbedding",
+    "apply_rotary_pos_emb",
+    "available_backends",
+    "build_precision",
+    "nn",
+    "rope",
+    "rwkv7_log_decay",
+]

@@ -7,7 +7,7 @@ import sys
 import torch
 
 # Each module ropewkv.testing.<family> provides parity_rows(device) -> Iterable[Measurement].
-FAMILIES = ("decay",)
+FAMILIES = ("decay", "rope")
 
 
 def parity_rows(device: torch.device):

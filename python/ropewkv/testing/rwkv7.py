@@ -48,3 +48,109 @@ def rwkv7_inputs(batch: int, seqlen: int, heads: int, head_size: int, dtype: tor
         state = torch.randn(batch, heads, head_size, head_size, dtype=torch.float64, generator=generator)
         out["initial_state"] = state.to(torch.float32).to(device)
     return out
+
+
+# ---- tolerances and parity ---------------------------------------------------------------------------------------
+# Metric: RMS error ratio ||out - ref|| / ||ref|| against the fp64 reference fed the same (already rounded) inputs,
+# for y, the final state and every gradient (under random cotangents on y and on the final state).
+
+GRAD_NAMES = ("r", "w", "k", "v", "a", "b", "initial_state")
+
+
+def tolerance(dtype: torch.dtype, precision: str, seqlen: int):
+    """The RMS-ratio bound for y, final_state and the gradients of an fp32/fp16/bf16 run of length `seqlen`."""
+    from . import Tolerance
+
+    if dtype == torch.float64:
+        # fp64 end to end (cpu twin): only summation order differs from the reference.
+        return Tolerance(None, 1e-12, "fp64 throughout; summation order only")
+    if precision == "bf16" and dtype != torch.bfloat16:
+        # Every input is rounded to bf16 (2^-9 relative) on load: that perturbs y, the state and the gradients by a
+        # few times 2^-9 through the recurrence (cpu twin, fp32 tensors, T = 1000: 2.6e-3 .. 4.2e-3), and outputs
+        # are rounded to bf16 again; the chunked form may also round matmul operands to bf16 (published: 4e-3..5e-3).
+        return Tolerance(None, 3e-2, "inputs and outputs rounded through bf16 (2^-9) in the bf16 mode")
+    if dtype == torch.bfloat16:
+        # Inputs are exact for the oracle and the math is fp32, but each stored bf16 output carries ~2^-9/sqrt(3) =
+        # 1.1e-3 RMS relative rounding error, and autograd hands the kernels a cotangent already rounded to bf16 (a
+        # second 2^-9): the cpu twin measures 1.7e-3 (y) and 2.3e-3 (gradients) at T = 1000. Interpreted Triton
+        # truncates instead of rounding (2x); the bf16 mode's bf16 matmul operands in the chunked form add ~4e-3
+        # (the published chunked-bf16 figures).
+        bound = 1.2e-2 if precision == "bf16" else 6e-3
+        return Tolerance(None, bound, "bf16 output and cotangent roundings (2^-9) on fp32 math")
+    if dtype == torch.float16:
+        # As bf16 with 2^-11 (4x smaller); 2x for the interpreter's truncation.
+        return Tolerance(None, 2e-3, "fp16 output and cotangent roundings (2^-11) on fp32 math")
+    # fp32: rounding errors of the fp32 state accumulate like a random walk over the steps (the cpu twin measures
+    # 1.4e-7 at T = 100, 1.8e-7 .. 2.5e-7 at T = 1000 for y, state and gradients); the bound leaves room for the
+    # chunked (Triton) form's cumulative decays: 5e-6 at T = 100, 1.6e-5 at T = 1000.
+    return Tolerance(None, 2e-6 * (1 + seqlen / 16) ** 0.5, "fp32 state and sums, error grows ~sqrt(T)")
+
+
+def oracle(inputs: dict, decay: str, cotangent_y: torch.Tensor, cotangent_state: torch.Tensor, cu_seqlens=None):
+    """fp64 y, final state and gradients {name: grad} of <y, cot_y> + <final_state, cot_state> by autograd."""
+    from ..reference.rwkv7 import wkv7 as reference_wkv7
+
+    leaves = {n: inputs[n].detach().to(torch.float64).requires_grad_() for n in GRAD_NAMES[:6]}
+    s0 = inputs["initial_state"]
+    if s0 is not None:
+        leaves["initial_state"] = s0.detach().to(torch.float64).requires_grad_()
+    y, state = reference_wkv7(*(leaves[n] for n in GRAD_NAMES[:6]), initial_state=leaves.get("initial_state"),
+                              output_final_state=True, cu_seqlens=cu_seqlens, decay=decay)
+    loss = (y * cotangent_y.to(torch.float64)).sum() + (state * cotangent_state.to(torch.float64)).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return y, state, dict(zip(leaves, grads))
+
+
+def run_wkv7(backend: str, inputs: dict, decay: str, precision: str, cotangent_y, cotangent_state, cu_seqlens=None):
+    """One backend's y, final state and gradients, computed like `oracle`."""
+    from ..ops.rwkv7 import wkv7
+
+    leaves = {n: inputs[n].detach().clone().requires_grad_() for n in GRAD_NAMES[:6]}
+    if inputs["initial_state"] is not None:
+        leaves["initial_state"] = inputs["initial_state"].detach().clone().requires_grad_()
+    y, state = wkv7(*(leaves[n] for n in GRAD_NAMES[:6]), initial_state=leaves.get("initial_state"),
+                    output_final_state=True, cu_seqlens=cu_seqlens, decay=decay, precision=precision, backend=backend)
+    loss = (y.float() * cotangent_y).sum() + (state * cotangent_state).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return y, state, dict(zip(leaves, grads))
+
+
+def cotangents(inputs: dict, n_seqs: int, generator: torch.Generator, device="cpu"):
+    batch, seqlen, heads, n = inputs["r"].shape
+    cot_y = torch.randn(batch, seqlen, heads, n, dtype=torch.float64, generator=generator)
+    cot_s = torch.randn(n_seqs, heads, n, n, dtype=torch.float64, generator=generator)
+    dtype = torch.float64 if inputs["r"].dtype == torch.float64 else torch.float32
+    return cot_y.to(dtype).to(device), cot_s.to(dtype).to(device)
+
+
+def measurements(backend: str, precision: str, result, reference, tol, dtype) -> list:
+    """Measurement rows for y, final_state and every gradient."""
+    from . import measure
+
+    y, state, grads = result
+    ref_y, ref_state, ref_grads = reference
+    rows = [measure("wkv7 y", backend, precision, y, ref_y, tol, dtype=dtype),
+            measure("wkv7 final_state", backend, precision, state, ref_state, tol, dtype=dtype)]
+    rows += [measure(f"wkv7 d{name}", backend, precision, grads[name], ref_grads[name], tol, dtype=dtype)
+             for name in grads]
+    return rows
+
+
+def parity_rows(device: torch.device, seed: int = 0):
+    """For `python -m ropewkv parity`: every kernel backend x dtype x precision, loglog decay, varlen-free."""
+    from . import run_backends, seeded
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for precision in ("fp32", "bf16"):
+            gen = seeded(seed)
+            # Interpreted Triton (CPU) is slow: a small shape there, a realistic one on a GPU.
+            shape = (2, 256, 2, 64) if device.type == "cuda" else (1, 40, 1, 32)
+            inputs = rwkv7_inputs(*shape, dtype=dtype, decay="loglog", generator=gen, device=device,
+                                  initial_state=True)
+            cot_y, cot_s = cotangents(inputs, shape[0], gen, device)
+            reference = oracle(inputs, "loglog", cot_y, cot_s)
+            tol = tolerance(dtype, precision, shape[1])
+            results = run_backends(
+                lambda backend: run_wkv7(backend, inputs, "loglog", precision, cot_y, cot_s), device)
+            for backend, result in results.items():
+                yield from measurements(backend, precision, result, reference, tol, dtype)

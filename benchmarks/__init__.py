@@ -1,0 +1,1 @@
+"""Benchmarks of the ropewkv ops against eager PyTorch, torch.compile and the field (see NOTES.md)."""

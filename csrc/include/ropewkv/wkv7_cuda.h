@@ -1,0 +1,71 @@
+#pragma once
+// Framework-free CUDA entry points of the WKV7 ops (kernels in csrc/wkv7/wkv7_kernels.cuh, one .cu per head size).
+// All tensors are contiguous; r..b and y are [B, T, H, N] in the I/O dtype, states are fp32 [n_seqs, H, N, N]
+// S[v][k], checkpoints fp32 [B, chunks, H, N, N] stored transposed (see csrc/wkv7/wkv7_glue.h).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "ropewkv/precision.h"
+#include "ropewkv/wkv7.h"
+
+namespace ropewkv::cuda {
+
+struct Wkv7Sizes {
+  int64_t batch, seqlen, heads, n_seqs, chunks;
+  int decay;                  // ropewkv::wkv7::Decay
+  const int64_t* cu_seqlens;  // [n_seqs + 1] or nullptr
+};
+
+struct Wkv7ForwardParams {
+  Wkv7Sizes size;
+  const void *r, *w, *k, *v, *a, *b;
+  const float* initial_state;  // or nullptr (zeros)
+  void* y;
+  float* final_state;
+  float* checkpoints;  // or nullptr (no backward will run)
+};
+
+struct Wkv7BackwardParams {
+  Wkv7Sizes size;
+  const void *r, *w, *k, *v, *a, *b;
+  const float* initial_state;     // or nullptr
+  const void* grad_y;             // I/O dtype
+  const float* grad_final_state;  // or nullptr (zero cotangent)
+  const float* checkpoints;
+  float* scratch;  // wkv7_backward_scratch_elems floats: the recomputed states of one chunk per (sequence, head)
+  void *grad_r, *grad_w, *grad_k, *grad_v, *grad_a, *grad_b;
+  float* grad_initial_state;
+};
+
+struct Wkv7StepParams {
+  int64_t batch, heads;
+  int decay;
+  const void *r, *w, *k, *v, *a, *b;  // [B, H, N]
+  float* state;                       // [B, H, N, N], updated in place
+  void* y;
+};
+
+inline int64_t wkv7_backward_scratch_elems(int64_t n_seqs, int64_t heads, int64_t head_size) {
+  return n_seqs * heads * (wkv7::kCheckpointEvery + 1) * head_size * head_size;
+}
+
+// Each returns the launch status. Instantiated for N = 32, 64, 128, 256.
+template <int N>
+cudaError_t wkv7_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream);
+template <int N>
+cudaError_t wkv7_backward(DType dtype, Precision precision, const Wkv7BackwardParams& p, cudaStream_t stream);
+template <int N>
+cudaError_t wkv7_step(DType dtype, Precision precision, const Wkv7StepParams& p, cudaStream_t stream);
+
+#define ROPEWKV_WKV7_DECLARE(N)                                                                                  \
+  extern template cudaError_t wkv7_forward<N>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);       \
+  extern template cudaError_t wkv7_backward<N>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);     \
+  extern template cudaError_t wkv7_step<N>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
+ROPEWKV_WKV7_DECLARE(32)
+ROPEWKV_WKV7_DECLARE(64)
+ROPEWKV_WKV7_DECLARE(128)
+ROPEWKV_WKV7_DECLARE(256)
+#undef ROPEWKV_WKV7_DECLARE
+
+}  // namespace ropewkv::cuda

@@ -1,0 +1,228 @@
+#pragma once
+// CUDA kernels of the WKV7 ops, RWKV-LM style: one block per (sequence, head), N threads, thread i owns row i of
+// the state in registers. Torch-free; included by one small .cu per head size so that builds parallelise.
+#include "ropewkv/cuda_common.cuh"
+#include "ropewkv/wkv7.h"
+#include "ropewkv/wkv7_cuda.h"
+
+namespace ropewkv::cuda {
+namespace wkv7_detail {
+
+using wkv7::Decay;
+using wkv7::kCheckpointEvery;
+
+struct Task {
+  int64_t task, h, batch, start, end;
+};
+
+__device__ __forceinline__ Task task_of(const Wkv7Sizes& size) {
+  Task t;
+  t.task = blockIdx.x;  // = s * heads + h: the index into [n_seqs, H] states
+  const int64_t s = t.task / size.heads;
+  t.h = t.task % size.heads;
+  wkv7::sequence_range(size.cu_seqlens, s, size.seqlen, t.batch, t.start, t.end);
+  return t;
+}
+
+__device__ __forceinline__ int64_t token_index(const Wkv7Sizes& size, const Task& t, int64_t p, int n) {
+  return ((t.batch * size.seqlen + p) * size.heads + t.h) * n;
+}
+
+template <int N>
+__device__ __forceinline__ float* checkpoint_slot(float* ckpt, const Wkv7Sizes& size, const Task& t, int64_t p) {
+  return ckpt + ((t.batch * size.chunks + p / kCheckpointEvery) * size.heads + t.h) * int64_t(N) * N;
+}
+
+// row <- row i of the state at the start of the task's sequence.
+template <int N>
+__device__ __forceinline__ void load_initial_row(const float* initial_state, const Task& t, int i, float* row) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) row[j] = initial_state ? initial_state[(t.task * N + i) * int64_t(N) + j] : 0.f;
+}
+
+template <int N, typename io_t, Precision P>
+__global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
+  const Task t = task_of(p.size);
+  const Decay decay = static_cast<Decay>(p.size.decay);
+  const int i = threadIdx.x;
+  const io_t *r = static_cast<const io_t*>(p.r), *w = static_cast<const io_t*>(p.w);
+  const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
+  const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
+  io_t* y = static_cast<io_t*>(p.y);
+  __shared__ float r_[N], d_[N], k_[N], a_[N], b_[N];
+  float row[N];
+  load_initial_row<N>(p.initial_state, t, i, row);
+  for (int64_t q = t.start; q < t.end; ++q) {
+    if (p.checkpoints != nullptr && q % kCheckpointEvery == 0) {
+      float* slot = checkpoint_slot<N>(p.checkpoints, p.size, t, q);
+#pragma unroll
+      for (int j = 0; j < N; ++j) slot[j * N + i] = row[j];  // transposed: coalesced
+    }
+    const int64_t idx = token_index(p.size, t, q, N) + i;
+    __syncthreads();  // the previous token's readers are done
+    r_[i] = wkv7::load<P>(r[idx]);
+    d_[i] = wkv7::decay_of(wkv7::load<P>(w[idx]), decay);
+    k_[i] = wkv7::load<P>(k[idx]);
+    a_[i] = wkv7::load<P>(a[idx]);
+    b_[i] = wkv7::load<P>(b[idx]);
+    __syncthreads();
+    float sa;
+    const float yi = wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa);
+    y[idx] = wkv7::store<io_t, P>(yi);
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) p.final_state[(t.task * N + i) * int64_t(N) + j] = row[j];
+}
+
+// The backward: per chunk of kCheckpointEvery tokens (latest first), recompute its states from the checkpoint in
+// row layout into the block's scratch (stored transposed, so thread i later reads column i of S contiguously), then
+// run the adjoint steps. Thread i keeps row i of G (for dv, dsa) and column i of G (for dk, db, dd), as RWKV-LM does,
+// so that every sum is a per-thread loop.
+template <int N, typename io_t, Precision P>
+__global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p) {
+  const Task t = task_of(p.size);
+  const Decay decay = static_cast<Decay>(p.size.decay);
+  const int i = threadIdx.x;
+  constexpr int64_t kNN = int64_t(N) * N;
+  const io_t *r = static_cast<const io_t*>(p.r), *w = static_cast<const io_t*>(p.w);
+  const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
+  const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
+  const io_t* gy = static_cast<const io_t*>(p.grad_y);
+  io_t *gr = static_cast<io_t*>(p.grad_r), *gw = static_cast<io_t*>(p.grad_w);
+  io_t *gk = static_cast<io_t*>(p.grad_k), *gv = static_cast<io_t*>(p.grad_v);
+  io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
+  __shared__ float r_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
+  __shared__ float sa_[kCheckpointEvery][N];
+  float* states = p.scratch + t.task * (kCheckpointEvery + 1) * kNN;  // states[l][j][i] = S_{q+l-1}[i][j]
+  float g_row[N], g_col[N];
+  const float* gs = p.grad_final_state ? p.grad_final_state + t.task * kNN : nullptr;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    g_row[j] = gs ? gs[i * N + j] : 0.f;
+    g_col[j] = gs ? gs[j * N + i] : 0.f;
+  }
+  for (int64_t chunk_end = t.end; chunk_end > t.start;) {
+    const int64_t q = wkv7::chunk_start(chunk_end - 1, t.start);
+    const int len = int(chunk_end - q);
+    {
+      float row[N];
+      if (q == t.start) {
+        load_initial_row<N>(p.initial_state, t, i, row);
+      } else {
+        const float* slot = checkpoint_slot<N>(const_cast<float*>(p.checkpoints), p.size, t, q);
+#pragma unroll
+        for (int j = 0; j < N; ++j) row[j] = slot[j * N + i];
+      }
+      __syncthreads();  // the previous chunk's readers of states and sa_ are done
+#pragma unroll
+      for (int j = 0; j < N; ++j) states[j * N + i] = row[j];
+      for (int l = 0; l < len; ++l) {
+        const int64_t idx = token_index(p.size, t, q + l, N) + i;
+        __syncthreads();
+        r_[i] = wkv7::load<P>(r[idx]);
+        d_[i] = wkv7::decay_of(wkv7::load<P>(w[idx]), decay);
+        k_[i] = wkv7::load<P>(k[idx]);
+        a_[i] = wkv7::load<P>(a[idx]);
+        b_[i] = wkv7::load<P>(b[idx]);
+        __syncthreads();
+        wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa_[l][i]);
+        float* next = states + (l + 1) * kNN;
+#pragma unroll
+        for (int j = 0; j < N; ++j) next[j * N + i] = row[j];
+      }
+    }
+    for (int l = len - 1; l >= 0; --l) {
+      const int64_t idx = token_index(p.size, t, q + l, N) + i;
+      const float w_i = wkv7::load<P>(w[idx]);
+      const float d_i = wkv7::decay_of(w_i, decay);
+      __syncthreads();  // the recompute's (or the previous step's) readers are done; its writes are visible
+      r_[i] = wkv7::load<P>(r[idx]);
+      d_[i] = d_i;
+      k_[i] = wkv7::load<P>(k[idx]);
+      v_[i] = wkv7::load<P>(v[idx]);
+      a_[i] = wkv7::load<P>(a[idx]);
+      b_[i] = wkv7::load<P>(b[idx]);
+      dy_[i] = wkv7::load<P>(gy[idx]);
+      __syncthreads();
+      const float* prev_col = states + l * kNN + i * N;       // S_{t-1}[j][i] = prev_col[j]
+      const float* cur_col = states + (l + 1) * kNN + i * N;  // S_t[j][i]
+      float dv_i, dsa_i;
+      wkv7::adjoint_row_output(g_row, N, dy_[i], r_, k_, b_, dv_i, dsa_i);
+      wkv7::adjoint_col_output(g_col, N, dy_, r_[i]);
+      const float dr_i = wkv7::dot(cur_col, dy_, N);
+      const float dk_i = wkv7::dot(g_col, v_, N);
+      const float db_i = wkv7::dot(g_col, sa_[l], N);
+      const float dd_i = wkv7::dot(g_col, prev_col, N);
+      dsa_[i] = dsa_i;
+      __syncthreads();
+      const float da_i = wkv7::dot(prev_col, dsa_, N);
+      wkv7::adjoint_row_propagate(g_row, N, d_, dsa_i, a_);
+      wkv7::adjoint_col_propagate(g_col, N, d_i, dsa_, a_[i]);
+      gr[idx] = wkv7::store<io_t, P>(dr_i);
+      gw[idx] = wkv7::store<io_t, P>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
+      gk[idx] = wkv7::store<io_t, P>(dk_i);
+      gv[idx] = wkv7::store<io_t, P>(dv_i);
+      ga[idx] = wkv7::store<io_t, P>(da_i);
+      gb[idx] = wkv7::store<io_t, P>(db_i);
+    }
+    chunk_end = q;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) p.grad_initial_state[t.task * kNN + int64_t(i) * N + j] = g_row[j];
+}
+
+// The decode step: one token, the state read and written in place (thread i: row i).
+template <int N, typename io_t, Precision P>
+__global__ void __launch_bounds__(N) step_kernel(const Wkv7StepParams p) {
+  const int64_t task = blockIdx.x;  // b * heads + h
+  const Decay decay = static_cast<Decay>(p.decay);
+  const int i = threadIdx.x;
+  const int64_t idx = task * N + i;
+  __shared__ float r_[N], d_[N], k_[N], a_[N], b_[N];
+  r_[i] = wkv7::load<P>(static_cast<const io_t*>(p.r)[idx]);
+  d_[i] = wkv7::decay_of(wkv7::load<P>(static_cast<const io_t*>(p.w)[idx]), decay);
+  k_[i] = wkv7::load<P>(static_cast<const io_t*>(p.k)[idx]);
+  a_[i] = wkv7::load<P>(static_cast<const io_t*>(p.a)[idx]);
+  b_[i] = wkv7::load<P>(static_cast<const io_t*>(p.b)[idx]);
+  float* state = p.state + (task * N + i) * int64_t(N);
+  float row[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) row[j] = state[j];
+  __syncthreads();
+  float sa;
+  const float yi = wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(static_cast<const io_t*>(p.v)[idx]), sa);
+#pragma unroll
+  for (int j = 0; j < N; ++j) state[j] = row[j];
+  static_cast<io_t*>(p.y)[idx] = wkv7::store<io_t, P>(yi);
+}
+
+}  // namespace wkv7_detail
+
+// One launcher per kernel: dtype x precision dispatch over a 1-D grid of (sequence or batch) x heads blocks.
+#define ROPEWKV_WKV7_LAUNCHER(NAME, KERNEL, PARAMS, BLOCKS)                                                     \
+  template <int N>                                                                                           \
+  cudaError_t NAME(DType dtype, Precision precision, const PARAMS& p, cudaStream_t stream) {                 \
+    const int64_t blocks = (BLOCKS);                                                                         \
+    if (blocks == 0) return cudaSuccess;                                                                     \
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;                                           \
+    return dispatch_io(dtype, [&](auto tag) {                                                                \
+      using io_t = decltype(tag);                                                                            \
+      if (precision == Precision::kBF16) {                                                                   \
+        wkv7_detail::KERNEL<N, io_t, Precision::kBF16><<<unsigned(blocks), N, 0, stream>>>(p);               \
+      } else {                                                                                               \
+        wkv7_detail::KERNEL<N, io_t, Precision::kFP32><<<unsigned(blocks), N, 0, stream>>>(p);               \
+      }                                                                                                      \
+    });                                                                                                      \
+  }
+
+ROPEWKV_WKV7_LAUNCHER(wkv7_forward, forward_kernel, Wkv7ForwardParams, p.size.n_seqs* p.size.heads)
+ROPEWKV_WKV7_LAUNCHER(wkv7_backward, backward_kernel, Wkv7BackwardParams, p.size.n_seqs* p.size.heads)
+ROPEWKV_WKV7_LAUNCHER(wkv7_step, step_kernel, Wkv7StepParams, p.batch* p.heads)
+#undef ROPEWKV_WKV7_LAUNCHER
+
+#define ROPEWKV_WKV7_INSTANTIATE(N)                                                                             \
+  template cudaError_t wkv7_forward<N>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);            \
+  template cudaError_t wkv7_backward<N>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);          \
+  template cudaError_t wkv7_step<N>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
+
+}  // namespace ropewkv::cuda

@@ -1,0 +1,47 @@
+"""Every Triton kernel compiles for sm_90 on this GPU-less machine (see triton_sm90.py); RoPE's PTX is inspected in
+test_triton_rope_kernel.py."""
+import pytest
+import torch
+
+from ropewkv.triton_kernels import _common
+from ropewkv.triton_kernels import decay as decay_kernels
+from ropewkv.triton_kernels import rwkv7 as rwkv7_kernels
+from triton_sm90 import captured_launches, ptx_for_sm90, run_without_interpreter
+
+
+def decay_launches():
+    x = torch.empty(4, dtype=torch.bfloat16)
+    out = torch.empty(4)
+    decay_kernels.log_decay_forward(x, out)
+    decay_kernels.log_decay_backward(out, x, x)
+
+
+def wkv7_launches(decay, low_precision, with_state, varlen):
+    shape = (1, 5, 1, 64)
+    r = torch.empty(shape, dtype=torch.bfloat16)
+    state = torch.empty(1, 1, 64, 64)
+    cu = torch.tensor([0, 5], dtype=torch.int32) if varlen else None
+    s0 = state if with_state else None
+    checkpoints = torch.empty(rwkv7_kernels.checkpoint_slots(5, 1), 1, 64, 64)
+    rwkv7_kernels.wkv7_forward(r, r, r, r, r, r, s0, cu, r, state, checkpoints, decay, low_precision)
+    rwkv7_kernels.wkv7_backward(r, r, r, r, r, r, cu, checkpoints, r, s0, [r] * 6, state, decay, low_precision)
+
+
+CASES = {
+    "decay": decay_launches,
+    "wkv7 loglog fp32": lambda: wkv7_launches("loglog", False, True, False),
+    "wkv7 raw bf16 varlen": lambda: wkv7_launches("raw", True, False, True),
+    "wkv7 log fp32 varlen": lambda: wkv7_launches("log", False, True, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernels_compile_for_sm90(case):
+    if _common.INTERPRETING:
+        run_without_interpreter(__file__, f"test_kernels_compile_for_sm90[{case}]")
+        return
+    with captured_launches() as launches:
+        CASES[case]()
+    assert launches, "the launcher launched nothing"
+    for launch in launches:
+        assert ".entry" in ptx_for_sm90(*launch)
