@@ -6,7 +6,8 @@ accuracy against the fp64 oracle is tested elsewhere). fp64 where sums are reord
 only fp64 reassociation.
 """
 import copy
-import socket
+import os
+import tempfile
 
 import pytest
 import torch
@@ -28,14 +29,10 @@ WORLD = 2
 FP64 = dict(rtol=1e-11, atol=1e-12)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, check, configs) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+def _worker(rank: int, store: str, check, configs) -> None:
+    # A file store (no TCP store server whose teardown races the other rank's); gloo itself on loopback only.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         torch.set_num_threads(1)
         for args in configs:
@@ -48,7 +45,8 @@ def _worker(rank: int, port: int, check, configs) -> None:
 def _run(check, configs) -> None:
     """Run check(rank, *args) for each args in configs, in WORLD gloo processes (one spawn: ~5 s of imports); a
     failed assertion in any of them fails the test."""
-    mp.spawn(_worker, args=(_free_port(), check, configs), nprocs=WORLD, join=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(os.path.join(tmp, "store"), check, configs), nprocs=WORLD, join=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

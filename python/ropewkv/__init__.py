@@ -3,7 +3,7 @@
 Math is fp32 (or better) by default whatever the input dtype and autocast; outputs keep the input dtype; every op's
 error against an fp64 oracle is measured (`python -m ropewkv parity`).
 """
-from . import nn
+from . import distributed, nn
 from ._backend import BackendUnavailableError, available_backends, build_precision
 from .nn import RotaryEmbedding
 from .ops.decay import rwkv7_log_decay
@@ -17,6 +17,7 @@ __all__ = [
     "apply_rotary_pos_emb",
     "available_backends",
     "build_precision",
+    "distributed",
     "nn",
     "rope",
     "rwkv7_log_decay",

@@ -77,14 +77,30 @@ def unshard_sequence(shards: Sequence[torch.Tensor], *, split: str = "contiguous
     return torch.cat([h[0] for h in halves] + [halves[r][1] for r in reversed(range(world_size))], dim=seq_dim)
 
 
+class _AllGather(torch.autograd.Function):
+    """Every rank's tensor stacked on a new dim 0; backward: each rank's slice of the summed cotangents (all_reduce,
+    which every backend has, unlike reduce_scatter on gloo)."""
+
+    @staticmethod
+    def forward(ctx, local, group):
+        ctx.group = group
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, local, group=group)
+        return torch.stack(gathered)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[dist.get_rank(ctx.group)], None
+
+
 def all_gather_sequence(local: torch.Tensor, *, split: str = "contiguous", seq_dim: int = 1,
                         group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """Gather every rank's shard of `group` and return the full tensor in global order, on every rank.
-    Differentiable: the gradient of each shard is summed over the ranks' cotangents (torch.distributed.nn)."""
-    from torch.distributed.nn.functional import all_gather
-
-    return unshard_sequence(all_gather(local.contiguous(), group=group or dist.group.WORLD), split=split,
-                            seq_dim=seq_dim)
+    Differentiable: the gradient of a shard is the sum over the ranks of their cotangents for it."""
+    shards = _AllGather.apply(local.contiguous(), group or dist.group.WORLD)
+    return unshard_sequence(shards.unbind(0), split=split, seq_dim=seq_dim)
 
 
 class _ReceiveState(torch.autograd.Function):
