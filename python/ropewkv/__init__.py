@@ -3,7 +3,7 @@
 Math is fp32 (or better) by default whatever the input dtype and autocast; outputs keep the input dtype; every op's
 error against an fp64 oracle is measured (`python -m ropewkv parity`).
 """
-from . import compat, nn, patch
+from . import compat, distributed, nn, patch
 from ._backend import BackendUnavailableError, available_backends, build_precision
 from .nn import RotaryEmbedding
 from .ops.decay import rwkv7_log_decay
@@ -19,6 +19,7 @@ __all__ = [
     "available_backends",
     "build_precision",
     "compat",
+    "distributed",
     "nn",
     "patch",
     "rope",

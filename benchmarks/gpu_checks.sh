@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPU reliability checks (issue 6), runnable standalone on a lent GPU machine from the repo root, after the CUDA
+# build (benchmarks/gpu_session.sh's build step, or `ROPEWKV_CUDA=1 python -m pip install -e . --no-build-isolation
+# --no-deps`):
+#   1. the edge shapes (tests/gpu_edge_cases.py: head dims 72/160, T not a multiple of any chunk, B*H > SMs*32,
+#      tensors past 2^31 elements) on the CUDA and Triton twins;
+#   2. the reliability tests on the GPU (bad input, zero-size and NaN cases, determinism, memory growth);
+#   3. compute-sanitizer memcheck, racecheck, initcheck and synccheck over the CUDA twin at small shapes: the edge
+#      cases without the 2^31 ones, and the bad-input/zero-size/NaN tests, which reach the kernels with odd shapes.
+#      (gpu_session.sh runs the same tools over the whole CUDA test suite; this covers the edge shapes.)
+# Logs go to $OUT (default build/gpu-checks): gpu_checks.log (steps 1-2 and the summary) and sanitizer_edges.log
+# (step 3, one "ERROR SUMMARY" line per tool). Exit status: 0 when every step passed.
+# Knobs: CHECKS (comma list of edges,reliability,memcheck,racecheck,initcheck,synccheck; default all), PYTHON.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/build/gpu-checks}
+mkdir -p "$OUT"
+LOG=$OUT/gpu_checks.log
+SANLOG=$OUT/sanitizer_edges.log
+PY=${PYTHON:-python3}
+CHECKS=${CHECKS:-edges,reliability,memcheck,racecheck,initcheck,synccheck}
+unset TRITON_INTERPRET
+export PYTHONUNBUFFERED=1
+FAILED=()
+
+run() {  # run NAME LOGFILE COMMAND...: only when NAME is in CHECKS
+    local name=$1 log=$2
+    shift 2
+    [[ ",$CHECKS," == *",$name,"* ]] || return 0
+    echo "=== $name: $*" | tee -a "$LOG" >>"$log"
+    "$@" >>"$log" 2>&1 || FAILED+=("$name")
+    echo "=== $name: done (${#FAILED[@]} failed so far)" | tee -a "$LOG"
+}
+
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())" \
+    >>"$LOG" 2>&1 || { echo "gpu_checks.sh: no CUDA device (see $LOG)"; exit 2; }
+
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+run edges "$LOG" "${PYTEST[@]}" tests/gpu_edge_cases.py
+run reliability "$LOG" "${PYTEST[@]}" tests/test_bad_input.py tests/test_determinism.py
+
+# PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor its own cudaMalloc, so that an out-of-bounds access is not hidden
+# inside a larger cached block. Only the CUDA twin: the Triton twin's tests select "triton".
+for tool in memcheck racecheck initcheck synccheck; do
+    run "$tool" "$SANLOG" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        --print-limit 20 --target-processes all "${PYTEST[@]}" -x tests/gpu_edge_cases.py \
+        tests/test_bad_input.py -k "(cuda and not past_2_31) or zero or empty or nan or inf"
+done
+
+{
+    echo "## gpu_checks.sh summary ($(date -u '+%Y-%m-%d %H:%M UTC'), ${SECONDS}s, CHECKS=$CHECKS)"
+    grep -E '[0-9]+ (passed|failed)' "$LOG" | sed 's/^/- pytest: /'
+    grep -h 'ERROR SUMMARY' "$SANLOG" 2>/dev/null | sed 's/^/- sanitizer: /'
+    echo "- failed steps: ${FAILED[*]:-none}"
+} | tee -a "$LOG"
+((${#FAILED[@]} == 0))

@@ -1,0 +1,331 @@
+"""Bad input to every public op, on every kernel twin: a specific exception naming the argument, raised before any
+kernel runs; zero-size inputs work; NaN/Inf propagate exactly as in the fp64 reference.
+
+"Before any kernel" is checked with a dispatch mode that records every ropewkv:: operator call (the C++ twins and the
+opaque Triton custom ops all go through the dispatcher). A meta-device tensor stands in for "another device".
+"""
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ropewkv
+from ropewkv.nn import RotaryEmbedding
+from ropewkv.ops.rope import apply_rotary_pos_emb, rope
+from ropewkv.ops.rwkv7 import wkv7, wkv7_step
+from ropewkv.reference import rope as rope_ref
+from ropewkv.reference import rwkv7 as rwkv7_ref
+from ropewkv.testing import poisoned_outputs, seeded
+from ropewkv.testing.rope import rope_input, rope_inv_freq
+from ropewkv.testing.rwkv7 import rwkv7_inputs
+from conftest import kernel_backends
+
+META = torch.device("meta")
+
+
+class KernelCalls(TorchDispatchMode):
+    """Records the ropewkv:: operators dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "ropewkv":
+            self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Valid baselines; each case changes one argument.
+
+
+def _rope(dev, backend, **changes):
+    q = rope_input(2, 4, 2, 8, torch.float32, generator=seeded(0), device=dev)
+    k = rope_input(2, 4, 1, 8, torch.float32, generator=seeded(1), device=dev)
+    kwargs = dict(inv_freq=rope_inv_freq(8, device=dev), backend=backend)
+    q, k = changes.pop("q", q), changes.pop("k", k)
+    kwargs.update(changes)
+    return lambda: rope(q, k, **kwargs)
+
+
+def _rope_thd(dev, backend, **changes):
+    q = rope_input(1, 6, 2, 8, torch.float32, layout="thd", generator=seeded(0), device=dev)
+    kwargs = dict(inv_freq=rope_inv_freq(8, device=dev), layout="thd", backend=backend,
+                  cu_seqlens=torch.tensor([0, 2, 6], dtype=torch.int32, device=dev))
+    kwargs.update(changes)
+    return lambda: rope(q, **kwargs)
+
+
+def _hf(dev, backend, **changes):
+    q = rope_input(2, 4, 2, 8, torch.float32, layout="bhsd", generator=seeded(0), device=dev)
+    args = dict(q=q, k=q[:, :1], cos=torch.ones(2, 4, 8, device=dev), sin=torch.zeros(2, 4, 8, device=dev))
+    args.update(changes)
+    return lambda: apply_rotary_pos_emb(args["q"], args["k"], args["cos"], args["sin"], args.get("unsqueeze_dim", 1),
+                                        backend=backend)
+
+
+def _wkv(dev, backend, n=32, batch=1, **changes):
+    x = rwkv7_inputs(batch, 5, 2, n, generator=seeded(2), device=dev)
+    tensors = {name: changes.pop(name, x[name]) for name in ("r", "w", "k", "v", "a", "b")}
+    return lambda: wkv7(*tensors.values(), backend=backend, **changes)
+
+
+def _step(dev, backend, **changes):
+    x = {name: t[:, 0] for name, t in rwkv7_inputs(2, 1, 2, 32, generator=seeded(3), device=dev).items()
+         if t is not None}
+    state = changes.pop("state", torch.zeros(2, 2, 32, 32, device=dev))
+    tensors = {name: changes.pop(name, x[name]) for name in ("r", "w", "k", "v", "a", "b")}
+    return lambda: wkv7_step(*tensors.values(), state, backend=backend, **changes)
+
+
+def _t(*shape, dtype=torch.float32, dev="cpu"):
+    return torch.ones(shape, dtype=dtype, device=dev)
+
+
+def _idx(values, dev, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype, device=dev)
+
+
+# (id, make(dev, backend) -> call, exception, message pattern naming the argument, applies(backend, dev) or None)
+KERNEL_ONLY_FP32 = lambda backend, dev: backend not in ("cpu", "reference")  # noqa: E731 (fp64 runs on cpu twin)
+HOST_CHECKED = lambda backend, dev: dev.type == "cpu"  # noqa: E731 (rope trusts CUDA index values: no sync)
+CASES = [
+    # --- ropewkv.rope
+    ("rope-q-not-tensor", lambda d, b: _rope(d, b, q=[1.0]), TypeError, "q must be a torch.Tensor", None),
+    ("rope-q-int", lambda d, b: _rope(d, b, q=_t(2, 4, 2, 8, dtype=torch.int32, dev=d)), TypeError,
+     "q must have dtype", None),
+    ("rope-q-fp64", lambda d, b: _rope(d, b, q=_t(2, 4, 2, 8, dtype=torch.float64, dev=d)), TypeError,
+     "q must have dtype", KERNEL_ONLY_FP32),
+    ("rope-k-mixed-dtype", lambda d, b: _rope(d, b, k=_t(2, 4, 1, 8, dtype=torch.bfloat16, dev=d)), TypeError,
+     "k must have q's dtype", None),
+    ("rope-k-device", lambda d, b: _rope(d, b, k=_t(2, 4, 1, 8, dev=META)), ValueError, "k is on meta", None),
+    ("rope-inv-freq-device", lambda d, b: _rope(d, b, inv_freq=_t(4, dev=META)), ValueError, "inv_freq is on meta",
+     None),
+    ("rope-positions-device", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2, 3], META)), ValueError,
+     "positions is on meta", None),
+    ("rope-q-rank", lambda d, b: _rope(d, b, q=_t(2, 4, 8, dev=d), k=None), ValueError, "q must have 4 dims", None),
+    ("rope-k-shape", lambda d, b: _rope(d, b, k=_t(2, 5, 1, 8, dev=d)), ValueError, "k .* must match q", None),
+    ("rope-odd-rotary-dim", lambda d, b: _rope(d, b, rotary_dim=3), ValueError, "rotary_dim", None),
+    ("rope-rotary-dim-too-big", lambda d, b: _rope(d, b, inv_freq=rope_inv_freq(16, device=d)), ValueError,
+     "rotary_dim 16 .* exceeds head_dim 8", None),
+    ("rope-inv-freq-int", lambda d, b: _rope(d, b, inv_freq=_idx([1, 2, 3, 4], d)), TypeError, "inv_freq must be",
+     None),
+    ("rope-layout", lambda d, b: _rope(d, b, layout="bsdh"), ValueError, "layout must be one of", None),
+    ("rope-precision", lambda d, b: _rope(d, b, precision="fp8"), ValueError, "precision must be one of", None),
+    ("rope-backend", lambda d, b: _rope(d, "gpu"), ValueError, "backend must be one of", None),
+    ("rope-positions-float", lambda d, b: _rope(d, b, positions=_t(4, dev=d)), TypeError,
+     "positions must have dtype int32 or int64", None),
+    ("rope-positions-shape", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2], d)), ValueError,
+     "positions of shape", None),
+    ("rope-positions-past-int32", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2, 2**40], d, torch.int64)),
+     ValueError, "positions must be < 2\\^24", HOST_CHECKED),
+    ("rope-offset-negative", lambda d, b: _rope(d, b, seqlen_offsets=-1), ValueError, "seqlen_offsets must be >= 0",
+     None),
+    ("rope-offset-past-int32", lambda d, b: _rope(d, b, seqlen_offsets=2**33), ValueError,
+     "seqlen_offsets must be < 2\\^24", None),
+    ("rope-offset-float", lambda d, b: _rope(d, b, seqlen_offsets=1.5), TypeError, "seqlen_offsets must be an int",
+     None),
+    ("rope-offset-shape", lambda d, b: _rope(d, b, seqlen_offsets=_idx([1, 2, 3], d)), ValueError,
+     "seqlen_offsets must be an int or a \\[2\\] tensor", None),
+    ("rope-inplace-strided", lambda d, b: _rope(d, b, q=_t(2, 4, 2, 16, dev=d)[..., ::2], k=None, inplace=True),
+     ValueError, "inplace=True needs q", None),
+    ("rope-cu-not-thd", lambda d, b: _rope(d, b, cu_seqlens=_idx([0, 4], d)), ValueError,
+     "cu_seqlens needs layout='thd'", None),
+    ("rope-cu-decreasing", lambda d, b: _rope_thd(d, b, cu_seqlens=_idx([0, 4, 2, 6], d)), ValueError,
+     "cu_seqlens must start at 0 and be non-decreasing", HOST_CHECKED),
+    ("rope-cu-end", lambda d, b: _rope_thd(d, b, cu_seqlens=_idx([0, 2, 5], d)), ValueError,
+     "cu_seqlens\\[-1\\] = 5 does not match .* T = 6", HOST_CHECKED),
+    ("rope-cu-dtype", lambda d, b: _rope_thd(d, b, cu_seqlens=_t(3, dev=d)), TypeError,
+     "cu_seqlens must have dtype int32 or int64", None),
+    ("rope-cu-device", lambda d, b: _rope_thd(d, b, cu_seqlens=_idx([0, 2, 6], META)), ValueError,
+     "cu_seqlens is on meta", None),
+    ("rope-cu-rank", lambda d, b: _rope_thd(d, b, cu_seqlens=_idx([[0, 6]], d)), ValueError,
+     "cu_seqlens must be 1-D", None),
+    # --- ropewkv.apply_rotary_pos_emb
+    ("hf-q-int", lambda d, b: _hf(d, b, q=_t(2, 2, 4, 8, dtype=torch.int64, dev=d)), TypeError, "q must have dtype",
+     None),
+    ("hf-cos-int", lambda d, b: _hf(d, b, cos=_t(2, 4, 8, dtype=torch.int32, dev=d)), TypeError,
+     "cos must be a float tensor", None),
+    ("hf-sin-device", lambda d, b: _hf(d, b, sin=_t(2, 4, 8, dev=META)), ValueError, "sin is on meta", None),
+    ("hf-cos-sin-shapes", lambda d, b: _hf(d, b, sin=_t(2, 4, 6, dev=d)), ValueError,
+     "cos .* and sin .* must have the same shape", None),
+    ("hf-odd-rotary", lambda d, b: _hf(d, b, cos=_t(2, 4, 3, dev=d), sin=_t(2, 4, 3, dev=d)), ValueError,
+     "rotary_dim\\) must be even", None),
+    ("hf-cos-too-wide", lambda d, b: _hf(d, b, cos=_t(2, 4, 10, dev=d), sin=_t(2, 4, 10, dev=d)), ValueError,
+     "<= head_dim 8", None),
+    ("hf-q-rank", lambda d, b: _hf(d, b, q=_t(2, 4, 8, dev=d)), ValueError, "q and k must be 4-D", None),
+    ("hf-no-broadcast", lambda d, b: _hf(d, b, cos=_t(2, 5, 8, dev=d), sin=_t(2, 5, 8, dev=d)), ValueError,
+     "do not broadcast to q", None),
+    ("hf-unsqueeze-dim", lambda d, b: _hf(d, b, unsqueeze_dim=3), ValueError, "unsqueeze_dim=3", None),
+    # --- ropewkv.wkv7
+    ("wkv7-r-int", lambda d, b: _wkv(d, b, r=_t(1, 5, 2, 32, dtype=torch.int32, dev=d)), TypeError,
+     "r must have dtype", None),
+    ("wkv7-fp64", lambda d, b: _wkv(d, b, **{n: _t(1, 5, 2, 32, dtype=torch.float64, dev=d) for n in "rwkvab"}),
+     TypeError, "r must have dtype", KERNEL_ONLY_FP32),
+    ("wkv7-mixed-dtype", lambda d, b: _wkv(d, b, w=_t(1, 5, 2, 32, dtype=torch.bfloat16, dev=d)), TypeError,
+     "w has dtype torch.bfloat16 but r has torch.float32", None),
+    ("wkv7-device", lambda d, b: _wkv(d, b, a=_t(1, 5, 2, 32, dev=META)), ValueError, "a is on meta", None),
+    ("wkv7-rank", lambda d, b: _wkv(d, b, **{n: _t(5, 2, 32, dev=d) for n in "rwkvab"}), ValueError,
+     "r must have shape \\[B, T, H, N\\]", None),
+    ("wkv7-shape", lambda d, b: _wkv(d, b, v=_t(1, 4, 2, 32, dev=d)), ValueError, "v has shape", None),
+    ("wkv7-head-size", lambda d, b: _wkv(d, b, n=48), ValueError, "head size N = 48", None),
+    ("wkv7-decay", lambda d, b: _wkv(d, b, decay="exp"), ValueError, "decay must be one of", None),
+    ("wkv7-precision", lambda d, b: _wkv(d, b, precision="tf32"), ValueError, "precision must be one of", None),
+    ("wkv7-state-shape", lambda d, b: _wkv(d, b, initial_state=_t(1, 2, 32, 16, dev=d)), ValueError,
+     "initial_state must have shape", None),
+    ("wkv7-state-dtype", lambda d, b: _wkv(d, b, initial_state=_t(1, 2, 32, 32, dtype=torch.bfloat16, dev=d)),
+     TypeError, "initial_state must be torch.float32", None),
+    ("wkv7-state-device", lambda d, b: _wkv(d, b, initial_state=_t(1, 2, 32, 32, dev=META)), ValueError,
+     "initial_state is on meta", None),
+    ("wkv7-cu-batch", lambda d, b: _wkv(d, b, batch=2, cu_seqlens=_idx([0, 5], d)), ValueError,
+     "cu_seqlens needs packed sequences with batch size 1", None),
+    ("wkv7-cu-decreasing", lambda d, b: _wkv(d, b, cu_seqlens=_idx([0, 3, 1, 5], d)), ValueError,
+     "cu_seqlens must be non-decreasing", None),
+    ("wkv7-cu-end", lambda d, b: _wkv(d, b, cu_seqlens=_idx([0, 3, 4], d)), ValueError,
+     "cu_seqlens must be non-decreasing from 0 to T = 5", None),
+    ("wkv7-cu-dtype", lambda d, b: _wkv(d, b, cu_seqlens=_t(3, dev=d)), TypeError, "cu_seqlens must be int32",
+     None),
+    ("wkv7-cu-device", lambda d, b: _wkv(d, b, cu_seqlens=_idx([0, 5], META)), ValueError, "cu_seqlens is on meta",
+     None),
+    ("wkv7-cu-state-count", lambda d, b: _wkv(d, b, cu_seqlens=_idx([0, 2, 5], d),
+                                              initial_state=_t(1, 2, 32, 32, dev=d)), ValueError,
+     "initial_state must have shape \\[2, 2, 32, 32\\]", None),
+    # --- ropewkv.wkv7_step
+    ("step-rank", lambda d, b: _step(d, b, **{n: _t(2, 1, 2, 32, dev=d) for n in "rwkvab"}), ValueError,
+     "r must have shape \\[B, H, N\\]", None),
+    ("step-mixed-dtype", lambda d, b: _step(d, b, k=_t(2, 2, 32, dtype=torch.float16, dev=d)), TypeError,
+     "k has dtype", None),
+    ("step-state-shape", lambda d, b: _step(d, b, state=_t(2, 2, 32, dev=d)), ValueError, "state must have shape",
+     None),
+    ("step-state-dtype", lambda d, b: _step(d, b, state=_t(2, 2, 32, 32, dtype=torch.bfloat16, dev=d)), TypeError,
+     "state must be torch.float32", None),
+    ("step-state-strided", lambda d, b: _step(d, b, state=_t(2, 2, 32, 32, dev=d).transpose(2, 3)), ValueError,
+     "state must be contiguous", None),
+    ("step-state-device", lambda d, b: _step(d, b, state=_t(2, 2, 32, 32, dev=META)), ValueError,
+     "state is on meta", None),
+    ("step-head-size", lambda d, b: _step(d, b, **{n: _t(2, 2, 24, dev=d) for n in "rwkvab"},
+                                          state=_t(2, 2, 24, 24, dev=d)), ValueError, "head size N = 24", None),
+    # --- ropewkv.rwkv7_log_decay (int / non-tensor / fp64-on-triton are in test_decay.py)
+    ("decay-backend", lambda d, b: (lambda: ropewkv.rwkv7_log_decay(_t(3, dev=d), backend="tpu")), ValueError,
+     "backend must be one of", None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_raises_before_any_kernel(device, case):
+    _, make, exception, pattern, applies = case
+    ran = 0
+    for backend in kernel_backends(device):
+        if applies is not None and not applies(backend, device):
+            continue
+        call = make(device, backend)
+        with KernelCalls() as mode, pytest.raises(exception, match=pattern):
+            call()
+        assert mode.calls == [], f"{backend}: a kernel ran before the error: {mode.calls}"
+        ran += 1
+    if not ran:
+        pytest.skip(f"case does not apply to {device.type} backends {kernel_backends(device)} (see its condition)")
+
+
+def test_kernel_call_recorder_sees_kernels(device):
+    """The no-kernel assertion above can fail: valid calls are recorded on every twin."""
+    for backend in kernel_backends(device):
+        for make in (_rope, _hf, _wkv, _step):
+            with KernelCalls() as mode:
+                make(device, backend)()
+            assert mode.calls, (backend, make.__name__)
+
+
+def test_rotary_embedding_bad_dim():
+    with pytest.raises(ValueError, match="dim"):
+        RotaryEmbedding(7)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Zero-size inputs work and return empty results.
+
+
+def test_rope_zero_heads(device):
+    """Zero heads (B = 0 and S = 0 are in test_rope.py)."""
+    shape = (2, 4, 0, 8)
+    q = torch.empty(shape, device=device, dtype=torch.bfloat16)
+    inv_freq = rope_inv_freq(8, device=device)
+    for backend in kernel_backends(device):
+        out_q, out_k = rope(q, q.clone(), inv_freq=inv_freq, backend=backend)
+        assert out_q.shape == shape and out_k.shape == shape and out_q.dtype == torch.bfloat16
+        assert rope(q, inv_freq=inv_freq, inplace=True, backend=backend) is q
+        cos = torch.ones(shape[0], shape[1], 8, device=device)
+        out_q, _ = apply_rotary_pos_emb(q, q, cos, cos, unsqueeze_dim=2, backend=backend)
+        assert out_q.shape == shape
+
+
+def test_rope_thd_with_empty_sequences(device):
+    q = rope_input(1, 5, 2, 8, torch.float32, layout="thd", generator=seeded(4), device=device)
+    cu = torch.tensor([0, 0, 3, 3, 5], dtype=torch.int32, device=device)
+    expected = rope_ref.rope(q.double(), rope_inv_freq(8), rope_ref.token_positions(1, 5, cu_seqlens=cu), layout="thd")
+    for backend in kernel_backends(device):
+        with poisoned_outputs():
+            out = rope(q, inv_freq=rope_inv_freq(8, device=device), cu_seqlens=cu, layout="thd", backend=backend)
+        # fp32 output of an fp32-exact angle: a few ulps (the parity tests bound this precisely).
+        torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch,seqlen", [(0, 3), (2, 0)])
+def test_wkv7_zero_size(device, batch, seqlen):
+    x = rwkv7_inputs(batch, seqlen, 2, 32, torch.bfloat16, device=device, initial_state=True)
+    tensors = [x[n] for n in ("r", "w", "k", "v", "a", "b")]
+    for backend in kernel_backends(device):
+        y, final = wkv7(*tensors, initial_state=x["initial_state"], output_final_state=True, backend=backend)
+        assert y.shape == (batch, seqlen, 2, 32) and y.dtype == torch.bfloat16
+        assert torch.equal(final, x["initial_state"])  # no token: the state is unchanged
+        if batch == 0:  # the decode step of an empty batch
+            y = wkv7_step(*(t[:, 0] for t in tensors), torch.zeros(0, 2, 32, 32, device=device), backend=backend)
+            assert y.shape == (0, 2, 32)
+
+
+def test_wkv7_varlen_with_empty_sequences(device):
+    x = rwkv7_inputs(1, 7, 2, 32, device=device, initial_state=False)
+    tensors = [x[n] for n in ("r", "w", "k", "v", "a", "b")]
+    s0 = torch.randn(4, 2, 32, 32, generator=seeded(5)).to(device)
+    cu = torch.tensor([0, 0, 4, 4, 7], dtype=torch.int64, device=device)
+    y_ref, s_ref = rwkv7_ref.wkv7(*tensors, initial_state=s0.double(), output_final_state=True, cu_seqlens=cu)
+    for backend in kernel_backends(device):
+        with poisoned_outputs():
+            y, final = wkv7(*tensors, initial_state=s0, output_final_state=True, cu_seqlens=cu, backend=backend)
+        assert torch.equal(final[0], s0[0]) and torch.equal(final[2], s0[2])  # empty sequences keep their state
+        # fp32 over <= 4 tokens: relative error a few 1e-7 (the parity tests bound it per dtype).
+        torch.testing.assert_close(y.double(), y_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(final.double(), s_ref, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# NaN / Inf: the kernels propagate them exactly where the fp64 reference does (documented: no clamping, no masking).
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_rope_nonfinite_propagates_like_reference(device, bad):
+    q = rope_input(2, 4, 2, 8, torch.float32, generator=seeded(6), device=device)
+    q[1, 2, 0, 1] = bad  # one pair is (1, 5) in NeoX style, (0, 1) interleaved
+    inv_freq = rope_inv_freq(6, device=device)  # rotary_dim 6: dims 6, 7 pass through
+    q[0, 1, 1, 7] = bad
+    positions = rope_ref.token_positions(2, 4)
+    for interleaved in (False, True):
+        expected = rope_ref.rope(q.double(), inv_freq, positions, interleaved=interleaved)
+        for backend in kernel_backends(device):
+            out = rope(q, inv_freq=inv_freq, interleaved=interleaved, backend=backend)
+            assert torch.equal(out.isnan(), expected.isnan().to(out.device)), (backend, interleaved)
+            assert torch.equal(out.isinf(), expected.isinf().to(out.device)), (backend, interleaved)
+
+
+def test_wkv7_nan_propagates_like_reference(device):
+    x = rwkv7_inputs(2, 6, 2, 32, device=device)
+    tensors = [x[n] for n in ("r", "w", "k", "v", "a", "b")]
+    tensors[3][1, 3, 0, 5] = math.nan  # v of batch 1, token 3, head 0: poisons that head's state from token 3 on
+    expected, expected_final = rwkv7_ref.wkv7(*tensors, output_final_state=True)
+    assert expected.isnan().any() and not expected.isnan().all()
+    for backend in kernel_backends(device):
+        y, final = wkv7(*tensors, output_final_state=True, backend=backend)
+        assert torch.equal(y.isnan(), expected.isnan().to(y.device)), backend
+        assert torch.equal(final.isnan(), expected_final.isnan().to(final.device)), backend
