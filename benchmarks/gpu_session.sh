@@ -12,9 +12,11 @@
 # BENCH_ARGS (extra args for both benchmarks, e.g. --quick), SAN_K (pytest -k for the sanitizers; pytest's rc 5
 # means no test matched it), ROPEWKV_COMMIT (the commit to print in the tables: the copy may have no .git),
 # TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only, half the compile time of a multi-arch build).
-# Typical use, two calls while the machine stays warm (the second reuses the built python/ropewkv/_C_cuda*.so):
+# Typical use, three calls while the machine stays warm (later ones reuse the built python/ropewkv/_C_cuda*.so):
 #   1) bash benchmarks/gpu_session.sh                              (sanitizers run only if time is left)
 #   2) STEPS=env,wheels,build,memcheck,racecheck,initcheck,synccheck bash benchmarks/gpu_session.sh
+#   3) STEPS=env,build,checks bash benchmarks/gpu_session.sh      (benchmarks/gpu_checks.sh: edge shapes, the
+#      reliability tests on the GPU and the sanitizers over them; not in the default STEPS: $OUT holds 8 files)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -105,6 +107,7 @@ step memcheck 90 "$SANLOG" sanitize memcheck
 step racecheck 60 "$SANLOG" sanitize racecheck
 step initcheck 45 "$SANLOG" sanitize initcheck
 step synccheck 45 "$SANLOG" sanitize synccheck
+step checks 500 "$LOG" env OUT="$OUT" PYTHON="$PY" bash benchmarks/gpu_checks.sh
 
 {
     echo

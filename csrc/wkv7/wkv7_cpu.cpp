@@ -242,23 +242,9 @@ at::Tensor wkv7_step_cpu(const at::Tensor& r, const at::Tensor& w, const at::Ten
                          const at::Tensor& a, const at::Tensor& b, at::Tensor& state, int64_t decay_code,
                          int64_t precision) {
   const at::Tensor xs[] = {r, w, k, v, a, b};
-  wkv7::check_same(xs, 3, /*allow_fp64=*/true);
+  const wkv7::Inputs in = wkv7::check_step_inputs(xs, state, /*allow_fp64=*/true);
   const Decay decay = wkv7::decay_from(decay_code);
-  const int64_t batch = r.size(0), heads = r.size(1), n = r.size(2), nn = n * n;
-  TORCH_CHECK_VALUE(state.dim() == 4 && state.size(0) == batch && state.size(1) == heads && state.size(2) == n &&
-                        state.size(3) == n,
-                    "state must have shape [", batch, ", ", heads, ", ", n, ", ", n, "], got ", state.sizes());
-  TORCH_CHECK_TYPE(state.scalar_type() == wkv7::state_dtype_for(r), "state must be ", wkv7::state_dtype_for(r),
-                   ", got ", state.scalar_type());
-  TORCH_CHECK_VALUE(state.is_contiguous(), "state must be contiguous (it is updated in place)");
-  wkv7::Inputs in;
-  in.r = r.contiguous();
-  in.w = w.contiguous();
-  in.k = k.contiguous();
-  in.v = v.contiguous();
-  in.a = a.contiguous();
-  in.b = b.contiguous();
-  in.head_size = n;
+  const int64_t batch = in.batch, heads = in.heads, n = in.head_size, nn = n * n;
   at::Tensor y = new_output_like(in.r);
   ROPEWKV_DISPATCH_IO(r.scalar_type(), "wkv7_step_cpu", [&] {
     ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {

@@ -116,31 +116,22 @@ at::Tensor wkv7_step_cuda(const at::Tensor& r, const at::Tensor& w, const at::Te
                           int64_t precision) {
   const c10::cuda::CUDAGuard guard(r.device());
   const at::Tensor xs[] = {r, w, k, v, a, b};
-  wkv7::check_same(xs, 3, /*allow_fp64=*/false);
+  const wkv7::Inputs in = wkv7::check_step_inputs(xs, state, /*allow_fp64=*/false);
   const DType dtype = dtype_tag(r, "r");
   (void)wkv7::decay_from(decay);
-  const int64_t batch = r.size(0), heads = r.size(1), n = r.size(2);
-  TORCH_CHECK_VALUE(state.dim() == 4 && state.size(0) == batch && state.size(1) == heads && state.size(2) == n &&
-                        state.size(3) == n,
-                    "state must have shape [", batch, ", ", heads, ", ", n, ", ", n, "], got ", state.sizes());
-  TORCH_CHECK_TYPE(state.scalar_type() == at::kFloat, "state must be float32, got ", state.scalar_type());
-  TORCH_CHECK_VALUE(state.is_contiguous(), "state must be contiguous (it is updated in place)");
-  check_same_device(state, r, "state", "r");
-  at::Tensor contiguous[6];
-  for (int i = 0; i < 6; ++i) contiguous[i] = xs[i].contiguous();
-  at::Tensor y = new_output_like(contiguous[0]);
-  const cuda::Wkv7StepParams params{batch,
-                                    heads,
+  at::Tensor y = new_output_like(in.r);
+  const cuda::Wkv7StepParams params{in.batch,
+                                    in.heads,
                                     int(decay),
-                                    contiguous[0].const_data_ptr(),
-                                    contiguous[1].const_data_ptr(),
-                                    contiguous[2].const_data_ptr(),
-                                    contiguous[3].const_data_ptr(),
-                                    contiguous[4].const_data_ptr(),
-                                    contiguous[5].const_data_ptr(),
+                                    in.r.const_data_ptr(),
+                                    in.w.const_data_ptr(),
+                                    in.k.const_data_ptr(),
+                                    in.v.const_data_ptr(),
+                                    in.a.const_data_ptr(),
+                                    in.b.const_data_ptr(),
                                     state.data_ptr<float>(),
                                     y.data_ptr()};
-  C10_CUDA_CHECK(by_head_size(n, [&](auto size) {
+  C10_CUDA_CHECK(by_head_size(in.head_size, [&](auto size) {
     return cuda::wkv7_step<decltype(size)::value>(dtype, precision_from(precision), params,
                                                   c10::cuda::getCurrentCUDAStream());
   }));

@@ -42,18 +42,41 @@ inline void check_same(const at::Tensor* xs, int64_t dims, bool allow_fp64) {
   }
 }
 
+// r..b (xs, in that order) copied to contiguous tensors where they are not.
+inline void take_contiguous(Inputs& in, const at::Tensor* xs) {
+  at::Tensor* dst[] = {&in.r, &in.w, &in.k, &in.v, &in.a, &in.b};
+  for (int i = 0; i < 6; ++i) *dst[i] = xs[i].contiguous();
+}
+
+// The decode step: r..b [B, H, N] and the state [B, H, N, N] it updates in place (contiguous, the state dtype).
+inline Inputs check_step_inputs(const at::Tensor* xs, const at::Tensor& state, bool allow_fp64) {
+  check_same(xs, 3, allow_fp64);
+  const at::Tensor& r = xs[0];
+  Inputs in;
+  take_contiguous(in, xs);
+  in.batch = in.n_seqs = r.size(0);
+  in.seqlen = in.chunks = 1;
+  in.heads = r.size(1);
+  in.head_size = r.size(2);
+  in.state_dtype = state_dtype_for(r);
+  const int64_t n = in.head_size;
+  TORCH_CHECK_VALUE(state.dim() == 4 && state.size(0) == in.batch && state.size(1) == in.heads &&
+                        state.size(2) == n && state.size(3) == n,
+                    "state must have shape [", in.batch, ", ", in.heads, ", ", n, ", ", n, "], got ", state.sizes());
+  TORCH_CHECK_TYPE(state.scalar_type() == in.state_dtype, "state must be ", in.state_dtype, ", got ",
+                   state.scalar_type());
+  TORCH_CHECK_VALUE(state.is_contiguous(), "state must be contiguous (it is updated in place)");
+  check_same_device(state, r, "state", "r");
+  return in;
+}
+
 inline Inputs check_inputs(const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
                            const std::optional<at::Tensor>& cu_seqlens, bool allow_fp64) {
   const at::Tensor xs[] = {r, w, k, v, a, b};
   check_same(xs, 4, allow_fp64);
   Inputs in;
-  in.r = r.contiguous();
-  in.w = w.contiguous();
-  in.k = k.contiguous();
-  in.v = v.contiguous();
-  in.a = a.contiguous();
-  in.b = b.contiguous();
+  take_contiguous(in, xs);
   in.batch = r.size(0);
   in.seqlen = r.size(1);
   in.heads = r.size(2);

@@ -40,6 +40,20 @@ __device__ __forceinline__ void load_initial_row(const float* initial_state, con
   for (int j = 0; j < N; ++j) row[j] = initial_state ? initial_state[(t.task * N + i) * int64_t(N) + j] : 0.f;
 }
 
+// Thread i stages element i of token `idx`'s r, decay, k, a and b in shared memory for the whole block.
+template <Precision P, typename io_t>
+__device__ __forceinline__ void stage_token(int64_t idx, int i, Decay decay, const io_t* r, const io_t* w,
+                                            const io_t* k, const io_t* a, const io_t* b, float* r_, float* d_,
+                                            float* k_, float* a_, float* b_) {
+  __syncthreads();  // the previous token's readers are done
+  r_[i] = wkv7::load<P>(r[idx]);
+  d_[i] = wkv7::decay_of(wkv7::load<P>(w[idx]), decay);
+  k_[i] = wkv7::load<P>(k[idx]);
+  a_[i] = wkv7::load<P>(a[idx]);
+  b_[i] = wkv7::load<P>(b[idx]);
+  __syncthreads();
+}
+
 template <int N, typename io_t, Precision P>
 __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
   const Task t = task_of(p.size);
@@ -59,13 +73,7 @@ __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
       for (int j = 0; j < N; ++j) slot[j * N + i] = row[j];  // transposed: coalesced
     }
     const int64_t idx = token_index(p.size, t, q, N) + i;
-    __syncthreads();  // the previous token's readers are done
-    r_[i] = wkv7::load<P>(r[idx]);
-    d_[i] = wkv7::decay_of(wkv7::load<P>(w[idx]), decay);
-    k_[i] = wkv7::load<P>(k[idx]);
-    a_[i] = wkv7::load<P>(a[idx]);
-    b_[i] = wkv7::load<P>(b[idx]);
-    __syncthreads();
+    stage_token<P>(idx, i, decay, r, w, k, a, b, r_, d_, k_, a_, b_);
     float sa;
     const float yi = wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa);
     y[idx] = wkv7::store<io_t, P>(yi);
@@ -118,13 +126,7 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
       for (int j = 0; j < N; ++j) states[j * N + i] = row[j];
       for (int l = 0; l < len; ++l) {
         const int64_t idx = token_index(p.size, t, q + l, N) + i;
-        __syncthreads();
-        r_[i] = wkv7::load<P>(r[idx]);
-        d_[i] = wkv7::decay_of(wkv7::load<P>(w[idx]), decay);
-        k_[i] = wkv7::load<P>(k[idx]);
-        a_[i] = wkv7::load<P>(a[idx]);
-        b_[i] = wkv7::load<P>(b[idx]);
-        __syncthreads();
+        stage_token<P>(idx, i, decay, r, w, k, a, b, r_, d_, k_, a_, b_);
         wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa_[l][i]);
         float* next = states + (l + 1) * kNN;
 #pragma unroll
