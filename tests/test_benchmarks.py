@@ -1,0 +1,25 @@
+"""Smoke tests of the benchmark scripts at their quick CPU shapes: they run end to end and write their JSON and
+markdown, with every ropewkv row timed and checked against the eager reference (no timing is asserted)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("script, only", [("rope.py", "[cpu,eager"), ("rwkv7.py", "[cpu")])
+def test_benchmark_runs_and_writes_results(tmp_path, script, only):
+    name = script.removesuffix(".py")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--device", "cpu", "--quick",
+                             "--no-compile", "--only", only, "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / f"{name}.json").read_text())["rows"]
+    ours = [row for row in rows if row["impl"].startswith("ropewkv")]
+    assert ours, rows
+    for row in ours:
+        assert row.get("fwd_us", 0) > 0 and row.get("rel_err") is not None and row["rel_err"] < 1e-2, row
+    assert "| shape |" in (tmp_path / f"{name}.md").read_text()
