@@ -86,14 +86,14 @@ struct Narrow<float> {
   ROPEWKV_HD static float apply(float v) { return v; }
 };
 
-// NaN stays NaN (quiet).
+// NaN stays NaN (quiet). Branch-free (a select, not an early return) so that CPU loops over it vectorize.
 template <>
 struct Narrow<bf16_t> {
   ROPEWKV_HD static bf16_t apply(float v) {
-  uint32_t u = float_as_bits(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16_t{uint16_t(u >> 16)};
+  const uint32_t u = float_as_bits(v);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return bf16_t{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
   }
 };
 
