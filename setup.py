@@ -44,15 +44,22 @@ def _cuda_wanted():
     return not problems
 
 
+def _cpu_arch_flags():
+    arch = os.environ.get("ROPEWKV_CPU_ARCH", "native")
+    return [f"-march={arch}"] if arch else []
+
+
 defines = _precision_defines()
-# No -ffast-math / --use_fast_math anywhere: the point of the package is precision (TE does the same).
-cxx_flags = ["-O3", "-g0", "-fopenmp", *defines]
+# No -ffast-math / --use_fast_math anywhere: the point of the package is precision (TE does the same). Contraction of
+# a*b+c into an fma is off (ISO C++ already implies it; stated so that -march cannot change results): the shared math
+# writes its fmas explicitly. -fopenmp also enables the `#pragma omp simd` loops of the CPU twins.
+cxx_flags = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", *defines]
 ext_modules = [
     cpp_extension.CppExtension(
         "ropewkv._C",
         sources=_sources("csrc/library.cpp") + _sources("csrc/*/*_cpu.cpp"),
         include_dirs=[INCLUDE],
-        extra_compile_args={"cxx": cxx_flags},
+        extra_compile_args={"cxx": [*cxx_flags, *_cpu_arch_flags()]},
         extra_link_args=["-fopenmp"],
     )
 ]

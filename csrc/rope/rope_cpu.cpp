@@ -8,17 +8,47 @@
 namespace ropewkv::rope {
 namespace {
 
+// The token's cos/sin table [4, rot_half] (ca, sa, cb, sb), as table_entry defines it. gnu::flatten here and on
+// rotate_heads: the shared math must be inlined into the loops for them to vectorize (GCC's heuristics balk at some).
+template <typename acc_t, typename tab_t>
+[[gnu::flatten]] void fill_table(const Params& p, int64_t b, int64_t s, int64_t pos, tab_t* table) {
+  const int64_t rh = p.rot_half;
+  tab_t *ca = table, *sa = table + rh, *cb = table + 2 * rh, *sb = table + 3 * rh;
+  if constexpr (std::is_same_v<tab_t, float>) {
+    if (p.cos == nullptr) {  // the angle source: table_entry's path, as a loop that vectorizes
+      // Locals, not loads through p: the stores below could alias p as far as the vectorizer knows. `conjugate` is a
+      // compile-time constant per loop (a runtime bool in the loop body stops GCC's vectorizer).
+      const float posf = float(pos), scaling = p.attention_scaling;
+      const float* inv_freq = p.inv_freq;
+      const auto fill = [&](auto conjugate) {
+#pragma omp simd
+        for (int64_t j = 0; j < rh; ++j) {
+          float c, sn;
+          angle_cos_sin(posf, inv_freq[j], scaling, &c, &sn);
+          finish_entry<acc_t>(conjugate.value, c, sn, c, sn, &ca[j], &sa[j], &cb[j], &sb[j]);
+        }
+      };
+      p.conjugate ? fill(std::true_type{}) : fill(std::false_type{});
+      return;
+    }
+  }
+  for (int64_t j = 0; j < rh; ++j) table_entry<acc_t>(p, b, s, pos, j, &ca[j], &sa[j], &cb[j], &sb[j]);
+}
+
 template <typename acc_t, typename io_t, typename tab_t>
-void rotate_heads(const Params& p, int64_t b, int64_t s, const void* in, void* out, int64_t heads,
+[[gnu::flatten]] void rotate_heads(const Params& p, int64_t b, int64_t s, const void* in, void* out, int64_t heads,
                   const int64_t* in_st, const int64_t* out_st, const tab_t* table) {
   const int64_t rh = p.rot_half;
   const tab_t *ca = table, *sa = table + rh, *cb = table + 2 * rh, *sb = table + 3 * rh;
   for (int64_t h = 0; h < heads; ++h) {
     const io_t* x = static_cast<const io_t*>(in) + b * in_st[0] + s * in_st[1] + h * in_st[2];
     io_t* o = static_cast<io_t*>(out) + b * out_st[0] + s * out_st[1] + h * out_st[2];
+    // `omp simd`: iteration j reads and writes only its own pair, so in place (o == x) is safe too.
     if (p.interleaved) {
+#pragma omp simd
       for (int64_t j = 0; j < rh; ++j) rotate_pair<acc_t>(x, o, 2 * j, 2 * j + 1, ca[j], sa[j], cb[j], sb[j]);
     } else {
+#pragma omp simd
       for (int64_t j = 0; j < rh; ++j) rotate_pair<acc_t>(x, o, j, j + rh, ca[j], sa[j], cb[j], sb[j]);
     }
     if (o != x) std::copy(x + 2 * rh, x + p.head_dim, o + 2 * rh);  // dims past rotary_dim, bit-exact
@@ -34,14 +64,11 @@ void rope_cpu_kernel(const Params& p) {
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / per_token);
   at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
     std::vector<tab_t> table(4 * p.rot_half);
-    const int64_t rh = p.rot_half;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / p.seqlen;
       const int64_t s = t - b * p.seqlen;
       const int64_t pos = p.cos == nullptr ? token_position(p, b, s) : 0;
-      for (int64_t j = 0; j < rh; ++j) {
-        table_entry<acc_t, tab_t>(p, b, s, pos, j, &table[j], &table[rh + j], &table[2 * rh + j], &table[3 * rh + j]);
-      }
+      fill_table<acc_t>(p, b, s, pos, table.data());
       rotate_heads<acc_t, io_t>(p, b, s, p.q, p.q_out, p.hq, p.q_stride, p.qo_stride, table.data());
       if (p.k != nullptr) rotate_heads<acc_t, io_t>(p, b, s, p.k, p.k_out, p.hk, p.k_stride, p.ko_stride, table.data());
     }

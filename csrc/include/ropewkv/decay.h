@@ -6,7 +6,7 @@
 // sigmoid'(x) = sigmoid(x) * sigmoid(-x) is formed the same way, never as s * (1 - s).
 #include <cmath>
 
-#include "ropewkv/macros.h"
+#include "ropewkv/precision.h"
 
 namespace ropewkv {
 
@@ -18,14 +18,43 @@ ROPEWKV_HD acc_t exp_(acc_t x) {
   return exp(x);
 }
 
+// e^x in fp32 on the host: x = n ln2 + r (Cody-Waite, |r| <= ln2/2), Cephes' expf polynomial in fma Horner form,
+// times 2^n as two exact powers of two (one rounding, gradual underflow). Branch-free so CPU loops vectorize; NaN
+// stays NaN, e^{>88.8} = inf, e^{<-103.9} = 0. The device keeps expf.
+inline float exp_poly(float x) {
+  x = x < -104.f ? -104.f : (x > 89.f ? 89.f : x);  // the comparisons are false for NaN, which passes through
+  const float n = rintf(x * 0x1.715476p+0f);       // x / ln2
+  float r = fmaf(-n, 0.693359375f, x);               // Cephes ln2 = C1 + C2, C1 of 9 bits (n * C1 is exact)
+  r = fmaf(-n, -2.12194440e-4f, r);
+  float p = fmaf(1.9875691500e-4f, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p * r, r, r) + 1.f;
+  const int32_t ni = int32_t(n == n ? n : 0.f);  // in [-150, 128]
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  return p * bits_as_float(uint32_t(n1 + 127) << 23) * bits_as_float(uint32_t(n2 + 127) << 23);
+}
+
+template <>
+ROPEWKV_HD float exp_<float>(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return exp_poly(x);
+#endif
+}
+
 // sigmoid(x) and sigmoid(-x), each relative-precise.
 template <typename acc_t>
 ROPEWKV_HD void sigmoid_pair(acc_t x, acc_t& pos, acc_t& neg) {
   const acc_t e = exp_(-(x < acc_t(0) ? -x : x));  // e^{-|x|} in (0, 1]; NaN stays NaN
-  const acc_t big = acc_t(1) / (acc_t(1) + e);
-  const acc_t small = e / (acc_t(1) + e);
-  pos = x >= acc_t(0) ? big : small;
-  neg = x >= acc_t(0) ? small : big;
+  const acc_t one_plus_e = acc_t(1) + e;
+  // 1/(1+e) and e/(1+e), selecting the numerators first: one division per output (callers that need only `pos`
+  // pay one), the same values as dividing both and selecting.
+  pos = (x >= acc_t(0) ? acc_t(1) : e) / one_plus_e;
+  neg = (x >= acc_t(0) ? e : acc_t(1)) / one_plus_e;
 }
 
 template <typename acc_t>

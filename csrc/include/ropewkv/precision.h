@@ -62,14 +62,20 @@ ROPEWKV_HD double widen(double v) { return v; }
 ROPEWKV_HD float widen(float v) { return v; }
 ROPEWKV_HD float widen(bf16_t v) { return bits_as_float(uint32_t(v.bits) << 16); }
 
+// Branch-free (every case computed, one selected) so that CPU loops over it vectorize.
 ROPEWKV_HD float widen(fp16_t v) {
   const uint32_t sign = uint32_t(v.bits & 0x8000u) << 16;
   const uint32_t exponent = (v.bits >> 10) & 0x1fu;
   const uint32_t mantissa = v.bits & 0x3ffu;
-  if (exponent == 0x1fu) return bits_as_float(sign | 0x7f800000u | (mantissa << 13));  // inf, nan
-  if (exponent != 0) return bits_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  const float subnormal = float(mantissa) * 5.9604644775390625e-8f;  // mantissa * 2^-24, exact
-  return sign ? -subnormal : subnormal;
+  const uint32_t inf_nan = sign | 0x7f800000u | (mantissa << 13);
+  const uint32_t normal = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  // mantissa * 2^-24, exact: 0.5 + mantissa * 2^-24 (0.5's ulp) has bits 0x3f000000 + mantissa
+  const float subnormal = bits_as_float(0x3f000000u | mantissa) - 0.5f;
+  const uint32_t signed_subnormal = sign | float_as_bits(subnormal);
+  // Selects through masks: GCC turns nested ?: over these into branches, which do not vectorize.
+  const uint32_t is_finite = -uint32_t(exponent != 0x1fu), is_normal = -uint32_t(exponent != 0);
+  const uint32_t finite = (normal & is_normal) | (signed_subnormal & ~is_normal);
+  return bits_as_float((finite & is_finite) | (inf_nan & ~is_finite));
 }
 
 // narrow<T>: compute type -> storage T, rounding to nearest even.
@@ -86,35 +92,32 @@ struct Narrow<float> {
   ROPEWKV_HD static float apply(float v) { return v; }
 };
 
-// NaN stays NaN (quiet).
+// NaN stays NaN (quiet). Branch-free (a select, not an early return) so that CPU loops over it vectorize.
 template <>
 struct Narrow<bf16_t> {
   ROPEWKV_HD static bf16_t apply(float v) {
-  uint32_t u = float_as_bits(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16_t{uint16_t(u >> 16)};
+  const uint32_t u = float_as_bits(v);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return bf16_t{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
   }
 };
 
-// Overflow to inf, gradual underflow.
+// Overflow to inf, gradual underflow. Branch-free (every case computed, one selected), as bf16's.
 template <>
 struct Narrow<fp16_t> {
   ROPEWKV_HD static fp16_t apply(float v) {
-  uint32_t u = float_as_bits(v);
-  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  u &= 0x7fffffffu;
-  uint16_t out;
-  if (u >= 0x47800000u) {  // >= 65536: inf (or nan)
-    out = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (u < 0x38800000u) {  // below 2^-14: fp16 subnormal or zero; the add rounds at the right bit
-    const uint32_t magic = 0x3f000000u;  // 0.5f: its ulp is 2^-24, the fp16 subnormal step
-    out = uint16_t(float_as_bits(bits_as_float(u) + bits_as_float(magic)) - magic);
-  } else {
-    const uint32_t odd = (u >> 13) & 1u;
-    u += 0xc8000fffu + odd;  // rebias exponent (-112 << 23) and round half to even
-    out = uint16_t(u >> 13);
-  }
+  const uint32_t all = float_as_bits(v);
+  const uint16_t sign = uint16_t((all >> 16) & 0x8000u);
+  const uint32_t u = all & 0x7fffffffu;
+  // >= 65536: inf (or nan)
+  const uint32_t inf_nan = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  // below 2^-14: fp16 subnormal or zero; the add rounds at the right bit (0.5f's ulp is 2^-24, the subnormal step)
+  const uint32_t magic = 0x3f000000u;
+  const uint32_t subnormal = float_as_bits(bits_as_float(u) + bits_as_float(magic)) - magic;
+  // normal: rebias the exponent (-112 << 23) and round half to even
+  const uint32_t normal = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+  const uint32_t out = u >= 0x47800000u ? inf_nan : (u < 0x38800000u ? subnormal : normal);
   return fp16_t{uint16_t(out | sign)};
   }
 };
