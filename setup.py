@@ -4,6 +4,9 @@ Environment:
   ROPEWKV_CUDA=0|1|auto   build the CUDA extension never / always (fail loudly if impossible) / when possible.
   ROPEWKV_ACCUM=fp32|bf16 the build-default accumulate type (csrc/include/ropewkv/precision.h). The same define
                           reaches the host and the device compiler, so the two halves cannot disagree.
+  ROPEWKV_CPU_ARCH=native the -march of the CPU twin (default native: it is built where it runs). Set a portable
+                          target (e.g. x86-64-v3) to run the build on other machines, or empty for the compiler's
+                          baseline.
 """
 import glob
 import os
@@ -57,7 +60,7 @@ cxx_flags = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", *defines]
 ext_modules = [
     cpp_extension.CppExtension(
         "ropewkv._C",
-        sources=_sources("csrc/library.cpp") + _sources("csrc/*/*_cpu.cpp"),
+        sources=_sources("csrc/*/*_cpu.cpp"),
         include_dirs=[INCLUDE],
         extra_compile_args={"cxx": [*cxx_flags, *_cpu_arch_flags()]},
         extra_link_args=["-fopenmp"],

@@ -4,6 +4,8 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "ropewkv/decay.h"
+#include "ropewkv/rope.h"
 #include "ropewkv/torch_glue.h"
 
 namespace ropewkv {
@@ -39,16 +41,43 @@ at::Tensor widen_cpu(const at::Tensor& x_in) {
   return out;
 }
 
+// Test hooks for the host's branch-free math (exp_poly, sincos_poly): elementwise over an fp32 tensor.
+template <typename F>
+at::Tensor elementwise_fp32(const at::Tensor& x_in, int64_t outputs, F&& f) {
+  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat, "x must be float32, got ", x_in.scalar_type());
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({outputs, x.numel()}, x.options());
+  const float* src = x.const_data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const int64_t n = x.numel();
+  at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(src[i], dst + i, dst + n + i);
+  });
+  return out;
+}
+
+at::Tensor host_exp_cpu(const at::Tensor& x) {
+  return elementwise_fp32(x, 1, [](float v, float* e, float*) { *e = exp_poly(v); });
+}
+
+at::Tensor host_sincos_cpu(const at::Tensor& r) {
+  return elementwise_fp32(r, 2, [](float v, float* s, float* c) { rope::sincos_poly(v, s, c); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ropewkv, m) {
   m.def("_narrow_to(Tensor x, ScalarType dtype) -> Tensor");
   m.def("_widen(Tensor x) -> Tensor");
+  m.def("_host_exp(Tensor x) -> Tensor");
+  m.def("_host_sincos(Tensor r) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ropewkv, CPU, m) {
   m.impl("_narrow_to", &narrow_to_cpu);
   m.impl("_widen", &widen_cpu);
+  m.impl("_host_exp", &host_exp_cpu);
+  m.impl("_host_sincos", &host_sincos_cpu);
 }
 
 }  // namespace ropewkv
