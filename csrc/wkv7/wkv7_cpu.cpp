@@ -171,7 +171,8 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
             acc_t dv_i, dsa_i;
             wkv7::adjoint_row_output(g, int(n), dy[i], tok.r.data(), tok.k.data(), tok.b.data(), dv_i, dsa_i);
             const acc_t v_i = tok.v[i], sa_i = sa[l * n + i];
-            for (int64_t j = 0; j < n; ++j) {  // row i's share of the column sums
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) {  // row i's share of the column sums (independent j: vectorised)
               dr[j] += cur[i * n + j] * dy[i];
               dk[j] += g[j] * v_i;
               db[j] += g[j] * sa_i;

@@ -5,3 +5,14 @@
 #else
 #define ROPEWKV_HD inline
 #endif
+
+// Loops over a state row in the shared math: vectorised on the host (`omp simd`; with ROPEWKV_SIMD_SUM the sum into
+// `var` may be reassociated across lanes, which changes rounding only), unrolled on the device.
+#define ROPEWKV_PRAGMA(x) _Pragma(#x)
+#if defined(__CUDA_ARCH__)
+#define ROPEWKV_SIMD ROPEWKV_PRAGMA(unroll)
+#define ROPEWKV_SIMD_SUM(var) ROPEWKV_PRAGMA(unroll)
+#else
+#define ROPEWKV_SIMD ROPEWKV_PRAGMA(omp simd)
+#define ROPEWKV_SIMD_SUM(var) ROPEWKV_PRAGMA(omp simd reduction(+ : var))
+#endif

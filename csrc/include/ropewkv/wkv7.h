@@ -75,7 +75,7 @@ ROPEWKV_HD acc_t decay_of(acc_t w, Decay decay) {
 template <typename acc_t>
 ROPEWKV_HD acc_t dot(const acc_t* x, const acc_t* y, int n) {
   acc_t sum = acc_t(0);
-#pragma unroll
+  ROPEWKV_SIMD_SUM(sum)
   for (int j = 0; j < n; ++j) sum += x[j] * y[j];
   return sum;
 }
@@ -86,7 +86,7 @@ ROPEWKV_HD acc_t step_row(acc_t* row, int n, const acc_t* r, const acc_t* d, con
                           const acc_t* b, acc_t v_i, acc_t& sa) {
   sa = dot(a, row, n);
   acc_t y = acc_t(0);
-#pragma unroll
+  ROPEWKV_SIMD_SUM(y)
   for (int j = 0; j < n; ++j) {
     const acc_t s = row[j] * d[j] + sa * b[j] + v_i * k[j];
     row[j] = s;
@@ -99,7 +99,7 @@ ROPEWKV_HD acc_t step_row(acc_t* row, int n, const acc_t* r, const acc_t* d, con
 template <typename acc_t>
 ROPEWKV_HD void adjoint_row_output(acc_t* g_row, int n, acc_t dy_i, const acc_t* r, const acc_t* k, const acc_t* b,
                                    acc_t& dv_i, acc_t& dsa_i) {
-#pragma unroll
+  ROPEWKV_SIMD
   for (int j = 0; j < n; ++j) g_row[j] += dy_i * r[j];
   dv_i = dot(g_row, k, n);
   dsa_i = dot(g_row, b, n);
@@ -108,7 +108,7 @@ ROPEWKV_HD void adjoint_row_output(acc_t* g_row, int n, acc_t dy_i, const acc_t*
 // Adjoint, row i: G[i][:] becomes dL/dS_{t-1}[i][:] = G[i][:] d + dsa_i a.
 template <typename acc_t>
 ROPEWKV_HD void adjoint_row_propagate(acc_t* g_row, int n, const acc_t* d, acc_t dsa_i, const acc_t* a) {
-#pragma unroll
+  ROPEWKV_SIMD
   for (int j = 0; j < n; ++j) g_row[j] = g_row[j] * d[j] + dsa_i * a[j];
 }
 
@@ -116,13 +116,13 @@ ROPEWKV_HD void adjoint_row_propagate(acc_t* g_row, int n, const acc_t* d, acc_t
 // column sums dk, db, dd need no cross-thread reduction).
 template <typename acc_t>
 ROPEWKV_HD void adjoint_col_output(acc_t* g_col, int n, const acc_t* dy, acc_t r_i) {
-#pragma unroll
+  ROPEWKV_SIMD
   for (int j = 0; j < n; ++j) g_col[j] += dy[j] * r_i;
 }
 
 template <typename acc_t>
 ROPEWKV_HD void adjoint_col_propagate(acc_t* g_col, int n, acc_t d_i, const acc_t* dsa, acc_t a_i) {
-#pragma unroll
+  ROPEWKV_SIMD
   for (int j = 0; j < n; ++j) g_col[j] = g_col[j] * d_i + dsa[j] * a_i;
 }
 
