@@ -10,14 +10,12 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;
 
-at::ScalarType log_decay_dtype(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
 at::Tensor log_decay_cpu(const at::Tensor& x_in) {
   check_io_dtype(x_in, "x", /*allow_fp64=*/true);
   const at::Tensor x = x_in.contiguous();
-  at::Tensor out = new_output(x.sizes(), x.options().dtype(log_decay_dtype(x)));
+  at::Tensor out = new_output(x.sizes(), x.options().dtype(compute_dtype(x.scalar_type())));
   ROPEWKV_DISPATCH_IO(x.scalar_type(), "log_decay_cpu", [&] {
-    using out_t = std::conditional_t<std::is_same_v<io_t, double>, double, float>;
+    using out_t = compute_t<io_t>;
     const io_t* src = storage_ptr<scalar_t>(x);
     out_t* dst = out.data_ptr<out_t>();
     at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
@@ -32,10 +30,10 @@ at::Tensor log_decay_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x
   check_io_dtype(x_in, "x", /*allow_fp64=*/true);
   TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "grad has shape ", grad_in.sizes(), " but x has ", x_in.sizes());
   const at::Tensor x = x_in.contiguous();
-  const at::Tensor grad = grad_in.to(log_decay_dtype(x)).contiguous();
+  const at::Tensor grad = grad_in.to(compute_dtype(x.scalar_type())).contiguous();
   at::Tensor grad_x = new_output_like(x);
   ROPEWKV_DISPATCH_IO(x.scalar_type(), "log_decay_backward_cpu", [&] {
-    using out_t = std::conditional_t<std::is_same_v<io_t, double>, double, float>;
+    using out_t = compute_t<io_t>;
     const io_t* src = storage_ptr<scalar_t>(x);
     const out_t* g = grad.data_ptr<out_t>();
     io_t* dst = storage_ptr<scalar_t>(grad_x);

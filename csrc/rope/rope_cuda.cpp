@@ -13,8 +13,7 @@ namespace {
 void launch_cuda(const Params& p, at::ScalarType dtype, Precision precision) {
   TORCH_CHECK_VALUE(p.rot_half <= cuda::kMaxRotHalf, "rotary_dim must be <= ", 2 * cuda::kMaxRotHalf,
                     " on CUDA, got ", 2 * p.rot_half);
-  const DType io = dtype == at::kHalf ? DType::kFloat16 : dtype == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
-  C10_CUDA_CHECK(cuda::rope_forward(io, p, precision, c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_CHECK(cuda::rope_forward(dtype_tag(dtype, "q"), p, precision, c10::cuda::getCurrentCUDAStream()));
 }
 
 std::vector<at::Tensor> rope_cuda(const at::Tensor& q, const std::optional<at::Tensor>& k,

@@ -130,16 +130,9 @@ inline void set_table_source(Params& p, const at::Tensor& q, const at::Tensor& c
   }
 }
 
-// An output like `t` (same strides when t is dense, so transposed layouts stay views), NaN-poisoned for tests.
-inline at::Tensor output_like(const at::Tensor& t) {
-  at::Tensor out = at::empty_like(t);
-  if (poison_outputs()) out.fill_(std::numeric_limits<float>::quiet_NaN());
-  return out;
-}
-
 inline std::vector<at::Tensor> outputs(const at::Tensor& q, const std::optional<at::Tensor>& k) {
-  std::vector<at::Tensor> out{output_like(q)};
-  if (k.has_value()) out.push_back(output_like(*k));
+  std::vector<at::Tensor> out{new_output_like(q)};
+  if (k.has_value()) out.push_back(new_output_like(*k));
   return out;
 }
 

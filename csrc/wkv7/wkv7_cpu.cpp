@@ -73,7 +73,7 @@ void check_cu_seqlens_values(const wkv7::Inputs& in) {
 template <typename io_t, Precision P, typename scalar_t>
 void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_out, at::Tensor& final_out,
                   at::Tensor& ckpt_out) {
-  using acc_t = wkv7::compute_t<io_t>;
+  using acc_t = compute_t<io_t>;
   const int64_t n = in.head_size, nn = n * n;
   const auto ptrs = input_ptrs<scalar_t>(in);
   io_t* y = storage_ptr<scalar_t>(y_out);
@@ -111,7 +111,7 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
 template <typename io_t, Precision P, typename scalar_t>
 void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y, const at::Tensor& grad_state,
                    const at::Tensor& ckpt_in, std::array<at::Tensor, 6>& grads, at::Tensor& grad_s0) {
-  using acc_t = wkv7::compute_t<io_t>;
+  using acc_t = compute_t<io_t>;
   const int64_t n = in.head_size, nn = n * n;
   const auto ptrs = input_ptrs<scalar_t>(in);
   const io_t* gy = storage_ptr<scalar_t>(grad_y);
@@ -249,7 +249,7 @@ at::Tensor wkv7_step_cpu(const at::Tensor& r, const at::Tensor& w, const at::Ten
   at::Tensor y = new_output_like(in.r);
   ROPEWKV_DISPATCH_IO(r.scalar_type(), "wkv7_step_cpu", [&] {
     ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      using acc_t = wkv7::compute_t<io_t>;
+      using acc_t = compute_t<io_t>;
       const auto ptrs = input_ptrs<scalar_t>(in);
       io_t* out = storage_ptr<scalar_t>(y);
       acc_t* S = state.data_ptr<acc_t>();

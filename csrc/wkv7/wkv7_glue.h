@@ -24,10 +24,6 @@ inline Decay decay_from(int64_t code) {
   return static_cast<Decay>(code);
 }
 
-inline at::ScalarType state_dtype_for(const at::Tensor& r) {
-  return r.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // r..b share shape, dtype and device; `dims` is 4 for the sequence op ([B, T, H, N]) and 3 for the step ([B, H, N]).
 inline void check_same(const at::Tensor* xs, int64_t dims, bool allow_fp64) {
   static const char* names[] = {"r", "w", "k", "v", "a", "b"};
@@ -58,7 +54,7 @@ inline Inputs check_step_inputs(const at::Tensor* xs, const at::Tensor& state, b
   in.seqlen = in.chunks = 1;
   in.heads = r.size(1);
   in.head_size = r.size(2);
-  in.state_dtype = state_dtype_for(r);
+  in.state_dtype = compute_dtype(r.scalar_type());
   const int64_t n = in.head_size;
   TORCH_CHECK_VALUE(state.dim() == 4 && state.size(0) == in.batch && state.size(1) == in.heads &&
                         state.size(2) == n && state.size(3) == n,
@@ -82,7 +78,7 @@ inline Inputs check_inputs(const at::Tensor& r, const at::Tensor& w, const at::T
   in.heads = r.size(2);
   in.head_size = r.size(3);
   in.chunks = (in.seqlen + kCheckpointEvery - 1) / kCheckpointEvery;
-  in.state_dtype = state_dtype_for(r);
+  in.state_dtype = compute_dtype(r.scalar_type());
   in.n_seqs = in.batch;
   if (cu_seqlens.has_value()) {
     const at::Tensor& cu = *cu_seqlens;

@@ -113,6 +113,11 @@ def available_backends(device: torch.device) -> list[str]:
     return [b for b in ("cuda", "triton", "cpu", "reference") if unavailable_reason(b, device) is None]
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype every twin computes in, and wkv7's state dtype: fp64 for fp64 input (gradcheck), else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def poison_outputs() -> bool:
     """Tests set ROPEWKV_POISON_OUTPUTS=1: every twin then fills new outputs with NaN before its kernel runs."""
     return os.environ.get("ROPEWKV_POISON_OUTPUTS") == "1"
@@ -123,3 +128,9 @@ def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if poison_outputs():
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def new_output_like(t: torch.Tensor) -> torch.Tensor:
+    """A kernel output like t, with t's strides when t is dense (so transposed layouts stay views); poisoned alike."""
+    out = torch.empty_like(t)
+    return out.fill_(float("nan")) if poison_outputs() else out

@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from . import _backend
+
 SPLITS = ("contiguous", "zigzag")
 
 
@@ -167,8 +169,8 @@ def wkv7_sequence_parallel(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v:
     state = initial_state
     if rank > 0:
         anchor = next((x for x in (r, w, k, v, a, b) if x.requires_grad), r)
-        dtype = torch.float64 if r.dtype == torch.float64 else torch.float32  # wkv7's state dtype
-        state = _ReceiveState.apply(anchor, (r.shape[0], r.shape[2], r.shape[3], r.shape[3]), dtype, group, rank)
+        state = _ReceiveState.apply(anchor, (r.shape[0], r.shape[2], r.shape[3], r.shape[3]),
+                                    _backend.compute_dtype(r.dtype), group, rank)
     need_final = output_final_state or rank < world_size - 1
     y, final_state = wkv7(r, w, k, v, a, b, initial_state=state, output_final_state=need_final, decay=decay,
                           precision=precision, backend=backend)

@@ -143,12 +143,14 @@ struct Rounded {
   ROPEWKV_HD friend Rounded operator-(Rounded a) { return Rounded(-a.v); }
 };
 
-// The type arithmetic is done in, for I/O type io_t and precision P. fp32 and fp64 I/O have no lower mode, and
-// fp64 I/O (CPU twin only, for gradcheck) computes in fp64.
+// The full-precision compute type: fp32, or fp64 for fp64 I/O (CPU twin only, for gradcheck).
+template <typename io_t>
+using compute_t = std::conditional_t<std::is_same_v<io_t, double>, double, float>;
+
+// The type arithmetic is done in, for I/O type io_t and precision P. fp32 and fp64 I/O have no lower mode.
 template <typename io_t, Precision P>
-using accum_t = std::conditional_t<
-    std::is_same_v<io_t, double>, double,
-    std::conditional_t<P == Precision::kBF16 && !std::is_same_v<io_t, float>, Rounded<io_t>, float>>;
+using accum_t = std::conditional_t<P == Precision::kBF16 && !std::is_same_v<io_t, compute_t<io_t>>, Rounded<io_t>,
+                                   compute_t<io_t>>;
 
 // The build default, as RWKV-LM's typedef: `default_accum_t<bf16_t>` is float unless built with ROPEWKV_ACCUM=bf16.
 template <typename io_t>

@@ -31,8 +31,8 @@ inline storage_t<T>* storage_ptr(const at::Tensor& t) {
   return reinterpret_cast<storage_t<T>*>(t.data_ptr<T>());
 }
 
-inline DType dtype_tag(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
+inline DType dtype_tag(at::ScalarType type, const char* name) {
+  switch (type) {
     case at::kFloat:
       return DType::kFloat32;
     case at::kHalf:
@@ -40,9 +40,14 @@ inline DType dtype_tag(const at::Tensor& t, const char* name) {
     case at::kBFloat16:
       return DType::kBFloat16;
     default:
-      TORCH_CHECK_TYPE(false, name, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+      TORCH_CHECK_TYPE(false, name, " must be float32, float16 or bfloat16, got ", type);
   }
 }
+
+inline DType dtype_tag(const at::Tensor& t, const char* name) { return dtype_tag(t.scalar_type(), name); }
+
+// The dtype a twin computes in: fp64 for fp64 I/O (CPU twin, gradcheck), else fp32 (compute_t's torch name).
+inline at::ScalarType compute_dtype(at::ScalarType io) { return io == at::kDouble ? at::kDouble : at::kFloat; }
 
 inline Precision precision_from(int64_t p) {
   TORCH_CHECK_VALUE(p == 0 || p == 1, "precision must be 0 (fp32) or 1 (bf16), got ", p);
@@ -65,13 +70,17 @@ inline bool poison_outputs() {
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
-inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  at::Tensor out = at::empty(sizes, options);
+inline at::Tensor poisoned(at::Tensor out) {
   if (poison_outputs() && at::isFloatingType(out.scalar_type())) out.fill_(std::numeric_limits<float>::quiet_NaN());
   return out;
 }
 
-inline at::Tensor new_output_like(const at::Tensor& t) { return new_output(t.sizes(), t.options()); }
+inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return poisoned(at::empty(sizes, options));
+}
+
+// An output like t, with t's strides when t is dense (so transposed layouts stay views).
+inline at::Tensor new_output_like(const at::Tensor& t) { return poisoned(at::empty_like(t)); }
 
 }  // namespace ropewkv
 

@@ -32,10 +32,6 @@ enum class Decay : int { kLogLog = 0, kRaw = 1, kLog = 2 };
 // Tokens between state checkpoints (python/ropewkv/ops/rwkv7.py sizes the checkpoint tensor with the same number).
 inline constexpr int kCheckpointEvery = 16;
 
-// The compute type: fp32, or fp64 for fp64 I/O (CPU twin, gradcheck).
-template <typename io_t>
-using compute_t = std::conditional_t<std::is_same_v<io_t, double>, double, float>;
-
 // An I/O value as the kernel sees it: widened, and in the bf16 mode rounded through bf16 first.
 template <Precision P, typename io_t>
 ROPEWKV_HD compute_t<io_t> load(io_t x) {

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _backend
 from ..ops.rwkv7 import wkv7, wkv7_step
 
 
@@ -103,10 +104,9 @@ class RWKV7TimeMix(nn.Module):
         (fp64 for an fp64 module, as wkv7 wants)."""
         device = device if device is not None else self.w0.device
         dtype = dtype or self.w0.dtype
-        wkv_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         return RWKV7State(torch.zeros(batch, self.hidden_size, device=device, dtype=dtype),
                           torch.zeros(batch, self.n_head, self.head_size, self.head_size, device=device,
-                                      dtype=wkv_dtype))
+                                      dtype=_backend.compute_dtype(dtype)))
 
     def forward(self, x: torch.Tensor, v_first: Optional[torch.Tensor] = None,
                 state: Optional[RWKV7State] = None):

@@ -29,12 +29,8 @@ def _log_decay_backward_triton(grad: torch.Tensor, x: torch.Tensor) -> torch.Ten
     return kernels.log_decay_backward(grad, x, _backend.new_output(x.shape, x.dtype, x.device))
 
 
-def _out_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _fake_forward(x):
-    return x.new_empty(x.shape, dtype=_out_dtype(x))
+    return x.new_empty(x.shape, dtype=_backend.compute_dtype(x.dtype))
 
 
 def _fake_backward(grad, x):
@@ -78,7 +74,7 @@ def rwkv7_log_decay(x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     resolved = _backend.resolve_backend(backend, x.device)
     _checks.check_float(x, "x", resolved)
     if resolved == "reference":
-        return reference.rwkv7_log_decay(x.to(_out_dtype(x)))
+        return reference.rwkv7_log_decay(x.to(_backend.compute_dtype(x.dtype)))
     if resolved == "triton":
         return _log_decay_triton(x)
     return torch.ops.ropewkv.log_decay(x)

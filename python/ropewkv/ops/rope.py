@@ -26,14 +26,8 @@ MAX_EXACT_POSITION = 2**24  # positions convert to fp32 exactly below this (rope
 # Triton twin as opaque custom ops (wrap_triton/triton_op fail under torch.compile on CPU).
 
 
-def _output_like(t: torch.Tensor) -> torch.Tensor:
-    """Same strides as t when t is dense (so transposed layouts stay views); NaN-poisoned in tests."""
-    out = torch.empty_like(t)
-    return out.fill_(float("nan")) if _backend.poison_outputs() else out
-
-
 def _outputs(q: torch.Tensor, k: Optional[torch.Tensor]) -> list[torch.Tensor]:
-    return [_output_like(q)] + ([_output_like(k)] if k is not None else [])
+    return [_backend.new_output_like(q)] + ([_backend.new_output_like(k)] if k is not None else [])
 
 
 @torch.library.custom_op("ropewkv::rope_triton", mutates_args=())
@@ -312,7 +306,7 @@ def _reference_rope(n: _Normalised, x4: torch.Tensor) -> torch.Tensor:
     else:
         positions = reference.token_positions(batch, seqlen, pos, 0 if offsets is None else offsets)
     low = n.precision == "bf16" and x4.dtype in (torch.float16, torch.bfloat16)
-    compute = torch.float64 if x4.dtype == torch.float64 else torch.float32
+    compute = _backend.compute_dtype(x4.dtype)
     cos, sin = reference.cos_sin(positions.to(x4.device), inv, n.args[6], compute)
     cos, sin = (cos.to(x4.dtype), sin.to(x4.dtype)) if low else (cos, sin)
     out = reference.rotate(x4 if low else x4.to(compute), cos.unsqueeze(2), sin.unsqueeze(2), n.args[4])
@@ -459,6 +453,6 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 
 def _reference_cos_sin(x4, cos, sin, precision):
     low = precision == "bf16" and x4.dtype in (torch.float16, torch.bfloat16)
-    compute = x4.dtype if low else (torch.float64 if x4.dtype == torch.float64 else torch.float32)
+    compute = x4.dtype if low else _backend.compute_dtype(x4.dtype)
     xc = x4.to(compute)
     return reference.hf_apply_rotary_pos_emb(xc, xc, cos.to(compute), sin.to(compute), unsqueeze_dim=2)[0].to(x4.dtype)

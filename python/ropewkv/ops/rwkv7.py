@@ -26,16 +26,12 @@ CHECKPOINT_EVERY = 16
 _NAMES = ("r", "w", "k", "v", "a", "b")
 
 
-def _state_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 # ---- fake kernels and autograd of the C++ ops -------------------------------------------------------------------
 
 def _fake_forward(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save_checkpoints):
     batch, seqlen, heads, n = r.shape
     n_seqs = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    dtype = _state_dtype(r)
+    dtype = _backend.compute_dtype(r.dtype)
     chunks = (seqlen + CHECKPOINT_EVERY - 1) // CHECKPOINT_EVERY
     ckpt_shape = (batch, chunks, heads, n, n) if save_checkpoints else (0,)
     return (torch.empty_like(r, memory_format=torch.contiguous_format), r.new_empty((n_seqs, heads, n, n), dtype=dtype),
@@ -47,7 +43,7 @@ def _fake_backward(grad_y, grad_final_state, r, w, k, v, a, b, initial_state, cu
     batch, _, heads, n = r.shape
     n_seqs = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     grads = tuple(torch.empty_like(r, memory_format=torch.contiguous_format) for _ in range(6))
-    return grads + (r.new_empty((n_seqs, heads, n, n), dtype=_state_dtype(r)),)
+    return grads + (r.new_empty((n_seqs, heads, n, n), dtype=_backend.compute_dtype(r.dtype)),)
 
 
 def _fake_step(r, w, k, v, a, b, state, decay, precision):
@@ -119,7 +115,7 @@ def _check_state(state, name: str, shape: tuple, r: torch.Tensor) -> None:
     if tuple(state.shape) != shape:
         raise ValueError(f"{name} must have shape {list(shape)} ([n_seqs or B, H, N, N], S[v][k] layout), got "
                          f"{list(state.shape)}")
-    expected = _state_dtype(r)
+    expected = _backend.compute_dtype(r.dtype)
     if state.dtype != expected:
         raise TypeError(f"{name} must be {expected} (the state is fp32 whatever the input dtype; fp64 only for fp64 "
                         f"inputs), got {state.dtype}")
@@ -184,7 +180,7 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     tensors = tuple(x.contiguous() for x in tensors)
     if resolved == "reference":
         y, final_state = reference.wkv7(*tensors, initial_state=initial_state, output_final_state=output_final_state,
-                                        cu_seqlens=cu_seqlens, decay=decay, dtype=_state_dtype(r))
+                                        cu_seqlens=cu_seqlens, decay=decay, dtype=_backend.compute_dtype(r.dtype))
         return y.to(r.dtype), final_state
     if resolved == "triton":
         from .rwkv7_triton import wkv7_triton

@@ -12,9 +12,6 @@ import torch
 
 from .. import _backend, _checks
 
-PRECISIONS = ("fp32", "bf16")
-
-
 def _kernels():
     # Imported lazily: Triton reads TRITON_INTERPRET when the kernels are decorated.
     from ..triton_kernels import rwkv7
@@ -112,8 +109,8 @@ def _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision) -> Non
         raise ValueError(f"head size N = r.shape[3] must be one of {kernels.HEAD_SIZES}, got {r.shape[3]}")
     if decay not in kernels.DECAY_CODES:
         raise ValueError(f"decay must be one of {tuple(kernels.DECAY_CODES)}, got {decay!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision not in _backend.PRECISIONS:
+        raise ValueError(f"precision must be one of {_backend.PRECISIONS}, got {precision!r}")
     if cu_seqlens is not None:
         _checks.check_tensor(cu_seqlens, "cu_seqlens")
         _checks.check_same_device("r", r, cu_seqlens=cu_seqlens)

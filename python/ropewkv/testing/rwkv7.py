@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .._backend import compute_dtype
 from ..reference.rwkv7 import EXP_MINUS_HALF
 
 
@@ -119,7 +120,7 @@ def cotangents(inputs: dict, n_seqs: int, generator: torch.Generator, device="cp
     batch, seqlen, heads, n = inputs["r"].shape
     cot_y = torch.randn(batch, seqlen, heads, n, dtype=torch.float64, generator=generator)
     cot_s = torch.randn(n_seqs, heads, n, n, dtype=torch.float64, generator=generator)
-    dtype = torch.float64 if inputs["r"].dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(inputs["r"].dtype)
     return cot_y.to(dtype).to(device), cot_s.to(dtype).to(device)
 
 
