@@ -19,7 +19,7 @@ from .ops.rope import apply_rotary_pos_emb, rope
 from .ops.rwkv7 import wkv7
 from .reference import rope as rope_reference
 from .reference import rwkv7 as rwkv7_reference
-from .testing import DTYPE_NAMES, Measurement, Tolerance, measure, seeded
+from .testing import DTYPE_NAMES, MEASUREMENT_COLUMNS, Measurement, Tolerance, measure, seeded
 from .testing.rope import LOW_MATH, rotation_measure, rope_input, tolerance as rope_tolerance
 from .testing.rwkv7 import rwkv7_inputs, tolerance as wkv7_tolerance
 
@@ -235,16 +235,7 @@ def markdown_table(header, rows) -> str:
 
 
 def parity_table(rows: list[Measurement]) -> str:
-    return markdown_table(("op", "backend", "dtype", "math", "max ulp", "rms vs fp64", "bound", "result"),
-                          [(m.op, m.backend, m.dtype, m.precision,
-                            "-" if m.tolerance.max_ulp is None else f"{m.max_ulp:.3g}", f"{m.rms:.3g}", bound(m),
-                            "pass" if m.passed else "FAIL") for m in rows])
-
-
-def bound(m: Measurement) -> str:
-    """The bounds that apply (ulp bounds only for elementwise ops: recurrences and models are judged by RMS)."""
-    parts = [f"ulp<={m.tolerance.max_ulp}"] if m.tolerance.max_ulp is not None else []
-    return ", ".join(parts + [f"rms<={m.tolerance.rms:.3g}"])
+    return markdown_table(MEASUREMENT_COLUMNS, [m.cells() for m in rows])
 
 
 def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] = None) -> int:

@@ -6,6 +6,8 @@ import sys
 
 import torch
 
+from .testing import MEASUREMENT_COLUMNS
+
 # Each module ropewkv.testing.<family> provides parity_rows(device) -> Iterable[Measurement].
 FAMILIES = ("decay", "rope", "rwkv7")
 
@@ -16,18 +18,8 @@ def parity_rows(device: torch.device):
 
 
 def format_table(rows) -> str:
-    header = ("op", "backend", "dtype", "precision", "max ulp", "rms ratio", "tol ulp", "tol rms", "result")
-    def bound(value):
-        return "-" if value is None else f"{value:.3g}"
-
-    # Ops judged by RMS alone (wkv7: each output mixes many inputs, so per-element ulps measure cancellation, not
-    # the kernel) show no ulp figure.
-    lines = [header] + [
-        (m.op, m.backend, m.dtype, m.precision, "-" if m.tolerance.max_ulp is None else f"{m.max_ulp:.3g}",
-         f"{m.rms:.3g}", bound(m.tolerance.max_ulp), bound(m.tolerance.rms), "pass" if m.passed else "FAIL")
-        for m in rows
-    ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    lines = [MEASUREMENT_COLUMNS] + [m.cells() for m in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(MEASUREMENT_COLUMNS))]
     text = [" | ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines]
     text.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(text)

@@ -66,6 +66,15 @@ class Tolerance:
     rms: Optional[float]
     why: str
 
+    def bounds(self) -> str:
+        """The bounds that apply, e.g. "ulp<=6, rms<=2e-07" (recurrences and models are bounded by RMS only)."""
+        parts = [f"ulp<={self.max_ulp:.3g}"] if self.max_ulp is not None else []
+        return ", ".join(parts + ([f"rms<={self.rms:.3g}"] if self.rms is not None else []))
+
+
+# The columns of Measurement.cells(), for the parity table and the demo report.
+MEASUREMENT_COLUMNS = ("op", "backend", "dtype", "precision", "max ulp", "rms ratio", "bounds", "result")
+
 
 @dataclass
 class Measurement:
@@ -84,9 +93,15 @@ class Measurement:
         return ulp_ok and rms_ok
 
     def describe(self) -> str:
-        bounds = f"ulp<={self.tolerance.max_ulp}, rms<={self.tolerance.rms}"
         return (f"{self.op} [{self.backend}, {self.dtype}, precision={self.precision}]: max {self.max_ulp:.3g} ulp, "
-                f"rms ratio {self.rms:.3g} (bounds {bounds}: {self.tolerance.why})")
+                f"rms ratio {self.rms:.3g} (bounds {self.tolerance.bounds()}: {self.tolerance.why})")
+
+    def cells(self) -> tuple:
+        """This row of a results table (MEASUREMENT_COLUMNS). Ops bounded by RMS alone (wkv7: each output mixes many
+        inputs, so per-element ulps measure cancellation, not the kernel) show no ulp figure."""
+        ulps = "-" if self.tolerance.max_ulp is None else f"{self.max_ulp:.3g}"
+        return (self.op, self.backend, self.dtype, self.precision, ulps, f"{self.rms:.3g}", self.tolerance.bounds(),
+                "pass" if self.passed else "FAIL")
 
 
 def measure(op: str, backend: str, precision: str, out: torch.Tensor, ref: torch.Tensor,
