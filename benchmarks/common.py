@@ -55,7 +55,9 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def resolve_device(name: Optional[str]) -> torch.device:
-    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from ropewkv._backend import best_device
+
+    return best_device(name)
 
 
 def want_compile(args, device: torch.device) -> bool:

@@ -14,7 +14,7 @@ import ropewkv  # noqa: E402
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     """The best device present: the kernels' parity tests run there (cuda+triton on a GPU, cpu+triton here)."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return ropewkv._backend.best_device()
 
 
 def kernel_backends(device) -> list:

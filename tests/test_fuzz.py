@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ropewkv._backend import best_device
 from ropewkv.ops.rope import rope
 from ropewkv.ops.rwkv7 import wkv7
 from ropewkv.reference import rwkv7 as rwkv7_ref
@@ -18,7 +19,7 @@ from ropewkv.testing import rope as rp
 from ropewkv.testing.rwkv7 import rwkv7_inputs
 from conftest import kernel_backends
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DEVICE = best_device()
 BACKENDS = kernel_backends(DEVICE)
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

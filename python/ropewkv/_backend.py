@@ -108,6 +108,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def best_device(name: Optional[str] = None) -> torch.device:
+    """The device named, or the best one present: CUDA if available, else the CPU."""
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def available_backends(device: torch.device) -> list[str]:
     """The concrete backends that can run on `device`, kernels first and "reference" last."""
     return [b for b in ("cuda", "triton", "cpu", "reference") if unavailable_reason(b, device) is None]

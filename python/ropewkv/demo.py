@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from . import patch
-from ._backend import resolve_backend
+from ._backend import best_device, resolve_backend
 from .nn import RWKV7TimeMix
 from .ops.rope import apply_rotary_pos_emb, rope
 from .ops.rwkv7 import wkv7
@@ -241,7 +241,7 @@ def parity_table(rows: list[Measurement]) -> str:
 def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] = None) -> int:
     """Run the demo; print the tables; write demo-report.md (and demo-rope-error.png) to `out` (default: cwd).
     Returns the exit code: 1 if any parity row fails."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = best_device(device)
     backend = resolve_backend("auto", dev)
     s = sizes_for(dev, quick)
     out_dir = Path(out or ".")

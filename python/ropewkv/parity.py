@@ -6,6 +6,7 @@ import sys
 
 import torch
 
+from ._backend import best_device
 from .testing import MEASUREMENT_COLUMNS
 
 # Each module ropewkv.testing.<family> provides parity_rows(device) -> Iterable[Measurement].
@@ -26,7 +27,7 @@ def format_table(rows) -> str:
 
 
 def main(device: str | None = None) -> int:
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = best_device(device)
     rows = []
     for row in parity_rows(dev):
         rows.append(row)
