@@ -5,7 +5,7 @@ import torch
 
 from ropewkv.triton_kernels import _common
 from ropewkv.triton_kernels import decay as decay_kernels
-from ropewkv.triton_kernels import rwkv7 as rwkv7_kernels
+from ropewkv.triton_kernels.rwkv7 import recurrent as rwkv7_kernels
 from triton_sm90 import captured_launches, ptx_for_sm90, run_without_interpreter
 
 

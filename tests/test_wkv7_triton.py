@@ -1,11 +1,11 @@
-"""The Triton wkv7 twin (ropewkv.ops.rwkv7_triton.wkv7_triton) against the fp64 reference, forward and backward.
+"""The Triton wkv7 twin (ropewkv.ops.rwkv7.recurrent.wkv7_triton) against the fp64 reference, forward and backward.
 
 Device-agnostic: CUDA tensors on a GPU, CPU tensors under TRITON_INTERPRET=1 here (so the shapes are tiny).
 """
 import pytest
 import torch
 
-from ropewkv.ops.rwkv7_triton import wkv7_triton
+from ropewkv.ops.rwkv7.recurrent import wkv7_triton
 from ropewkv.reference import rwkv7 as reference
 from ropewkv.testing import poisoned_outputs, rms_ratio, seeded
 from ropewkv.testing.rwkv7 import rwkv7_inputs

@@ -22,7 +22,7 @@ cudaError_t by_head_size(int64_t n, F&& f) {
       return f(std::integral_constant<int, 64>{});
     case 128:
       return f(std::integral_constant<int, 128>{});
-    default:  // 256 runs on the triton and cpu twins (ops/rwkv7.py routes it there)
+    default:  // 256 runs on the triton and cpu twins (ops/rwkv7/api.py routes it there)
       TORCH_CHECK_VALUE(false, "head size ", n, " is not supported by the CUDA twin (32, 64, 128)");
   }
 }

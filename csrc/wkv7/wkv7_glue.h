@@ -1,6 +1,6 @@
 #pragma once
 // Argument checks and output allocation shared by the CPU twin and the CUDA glue of the WKV7 ops (the second guard
-// behind python/ropewkv/ops/rwkv7.py, which raises the user-facing errors first).
+// behind python/ropewkv/ops/rwkv7/api.py, which raises the user-facing errors first).
 #include <ATen/ATen.h>
 
 #include <optional>

@@ -29,7 +29,7 @@ namespace ropewkv::wkv7 {
 // The w conventions, numbered as ropewkv.reference.rwkv7.DECAYS.
 enum class Decay : int { kLogLog = 0, kRaw = 1, kLog = 2 };
 
-// Tokens between state checkpoints (python/ropewkv/ops/rwkv7.py sizes the checkpoint tensor with the same number).
+// Tokens between state checkpoints (python/ropewkv/ops/rwkv7/recurrent.py sizes the checkpoint tensor with the same number).
 inline constexpr int kCheckpointEvery = 16;
 
 // An I/O value as the kernel sees it: widened, and in the bf16 mode rounded through bf16 first.

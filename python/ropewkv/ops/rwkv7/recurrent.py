@@ -1,8 +1,10 @@
-"""The Triton twin of wkv7 as opaque custom ops (fake kernels + autograd), so it runs under torch.compile(fullgraph).
+"""The recurrent (sequential over T) WKV7 algorithm: the autograd and fake kernels of the C++ ops
+`ropewkv::wkv7_forward` / `wkv7_backward` (CPU twin in _C, CUDA twin in _C_cuda, both from
+csrc/include/ropewkv/wkv7.h), and the Triton twin (triton_kernels/rwkv7/recurrent.py) as opaque custom ops.
 
-`wkv7_triton` is the entry point the public `ropewkv.wkv7` calls for backend="triton". The forward op also returns
-the fp32 state checkpoints (every CHUNK tokens) that the backward op recomputes from; they are only written when a
-gradient will be needed.
+Every op here is an opaque custom op with a fake kernel and autograd, so it runs under torch.compile(fullgraph). The
+forward ops also return the fp32 state checkpoints (every CHECKPOINT_EVERY tokens) that the backward recomputes
+from; they are only written when a gradient will be needed.
 """
 from __future__ import annotations
 
@@ -10,13 +12,63 @@ from typing import Optional
 
 import torch
 
-from .. import _backend, _checks
+from ... import _backend, _checks
+
+# Tokens between the forward's state checkpoints: kCheckpointEvery in csrc/include/ropewkv/wkv7.h.
+CHECKPOINT_EVERY = 16
+
+
+# ---- the C++ ops (cpu and cuda twins): fake kernels and autograd -------------------------------------------------------------------
+
+def _fake_forward(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save_checkpoints):
+    batch, seqlen, heads, n = r.shape
+    n_seqs = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    dtype = _backend.compute_dtype(r.dtype)
+    chunks = (seqlen + CHECKPOINT_EVERY - 1) // CHECKPOINT_EVERY
+    ckpt_shape = (batch, chunks, heads, n, n) if save_checkpoints else (0,)
+    return (torch.empty_like(r, memory_format=torch.contiguous_format), r.new_empty((n_seqs, heads, n, n), dtype=dtype),
+            r.new_empty(ckpt_shape, dtype=dtype))
+
+
+def _fake_backward(grad_y, grad_final_state, r, w, k, v, a, b, initial_state, cu_seqlens, checkpoints, decay,
+                   precision):
+    batch, _, heads, n = r.shape
+    n_seqs = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    grads = tuple(torch.empty_like(r, memory_format=torch.contiguous_format) for _ in range(6))
+    return grads + (r.new_empty((n_seqs, heads, n, n), dtype=_backend.compute_dtype(r.dtype)),)
+
+
+def _setup_context(ctx, inputs, output):
+    r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, _ = inputs
+    ctx.save_for_backward(r, w, k, v, a, b, initial_state, cu_seqlens, output[2])
+    ctx.decay, ctx.precision = decay, precision
+    ctx.has_initial_state = initial_state is not None
+
+
+def _backward(ctx, grad_y, grad_final_state, _grad_checkpoints):
+    r, w, k, v, a, b, initial_state, cu_seqlens, checkpoints = ctx.saved_tensors
+    if grad_y is None:
+        grad_y = torch.zeros_like(r)
+    grads = torch.ops.ropewkv.wkv7_backward(grad_y, grad_final_state, r, w, k, v, a, b, initial_state, cu_seqlens,
+                                            checkpoints, ctx.decay, ctx.precision)
+    grad_s0 = grads[6] if ctx.has_initial_state else None
+    return (*grads[:6], grad_s0, None, None, None, None)
+
+
+if _backend._C is not None:
+    torch.library.register_fake("ropewkv::wkv7_forward")(_fake_forward)
+    torch.library.register_fake("ropewkv::wkv7_backward")(_fake_backward)
+    torch.library.register_autograd("ropewkv::wkv7_forward", _backward, setup_context=_setup_context)
+
+
+
+# ---- the Triton twin ---------------------------------------------------------------------------------------------
 
 def _kernels():
     # Imported lazily: Triton reads TRITON_INTERPRET when the kernels are decorated.
-    from ..triton_kernels import rwkv7
+    from ...triton_kernels.rwkv7 import recurrent
 
-    return rwkv7
+    return recurrent
 
 
 def _n_seqs(r: torch.Tensor, cu_seqlens: Optional[torch.Tensor]) -> int:

@@ -1,12 +1,9 @@
-"""wkv7 and wkv7_step: the RWKV-7 WKV recurrence (see ropewkv.reference.rwkv7 for the exact spec).
+"""wkv7: argument validation shared by every WKV7 entry point, and the public call (see ropewkv.reference.rwkv7 for
+the exact spec).
 
-Twins: the C++ ops `ropewkv::wkv7_forward` / `wkv7_backward` / `wkv7_step` (CPU twin in _C, CUDA twin in _C_cuda,
-both from csrc/include/ropewkv/wkv7.h), the Triton twin (ropewkv.ops.rwkv7_triton), and the eager reference. The
-public functions validate and normalise the arguments identically for every backend, then dispatch.
-
-The C++ ops are opaque custom ops with fake kernels and autograd, so they run under torch.compile(fullgraph=True).
-None has an autocast kernel: under autocast the inputs reach the kernel untouched and the decay is computed in fp32
-inside it, always.
+The public functions validate and normalise the arguments identically for every backend, then dispatch to an
+algorithm's twins (recurrent.py: the C++ ops and the Triton kernel). None has an autocast kernel: under autocast the
+inputs reach the kernel untouched and the decay is computed in fp32 inside it, always.
 """
 from __future__ import annotations
 
@@ -14,64 +11,15 @@ from typing import Optional
 
 import torch
 
-from .. import _backend, _checks
-from ..reference import rwkv7 as reference
+from ... import _backend, _checks
+from ...reference import rwkv7 as reference
+from . import recurrent
 
 DECAYS = reference.DECAYS
 HEAD_SIZES = (32, 64, 128, 256)
 # The CUDA sequential twin stops at 128 (see _check_inputs); 256 runs on the triton and cpu twins.
 CUDA_HEAD_SIZES = (32, 64, 128)
-# Tokens between the forward's state checkpoints: kCheckpointEvery in csrc/include/ropewkv/wkv7.h.
-CHECKPOINT_EVERY = 16
 _NAMES = ("r", "w", "k", "v", "a", "b")
-
-
-# ---- fake kernels and autograd of the C++ ops -------------------------------------------------------------------
-
-def _fake_forward(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save_checkpoints):
-    batch, seqlen, heads, n = r.shape
-    n_seqs = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    dtype = _backend.compute_dtype(r.dtype)
-    chunks = (seqlen + CHECKPOINT_EVERY - 1) // CHECKPOINT_EVERY
-    ckpt_shape = (batch, chunks, heads, n, n) if save_checkpoints else (0,)
-    return (torch.empty_like(r, memory_format=torch.contiguous_format), r.new_empty((n_seqs, heads, n, n), dtype=dtype),
-            r.new_empty(ckpt_shape, dtype=dtype))
-
-
-def _fake_backward(grad_y, grad_final_state, r, w, k, v, a, b, initial_state, cu_seqlens, checkpoints, decay,
-                   precision):
-    batch, _, heads, n = r.shape
-    n_seqs = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    grads = tuple(torch.empty_like(r, memory_format=torch.contiguous_format) for _ in range(6))
-    return grads + (r.new_empty((n_seqs, heads, n, n), dtype=_backend.compute_dtype(r.dtype)),)
-
-
-def _fake_step(r, w, k, v, a, b, state, decay, precision):
-    return torch.empty_like(r, memory_format=torch.contiguous_format)
-
-
-def _setup_context(ctx, inputs, output):
-    r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, _ = inputs
-    ctx.save_for_backward(r, w, k, v, a, b, initial_state, cu_seqlens, output[2])
-    ctx.decay, ctx.precision = decay, precision
-    ctx.has_initial_state = initial_state is not None
-
-
-def _backward(ctx, grad_y, grad_final_state, _grad_checkpoints):
-    r, w, k, v, a, b, initial_state, cu_seqlens, checkpoints = ctx.saved_tensors
-    if grad_y is None:
-        grad_y = torch.zeros_like(r)
-    grads = torch.ops.ropewkv.wkv7_backward(grad_y, grad_final_state, r, w, k, v, a, b, initial_state, cu_seqlens,
-                                            checkpoints, ctx.decay, ctx.precision)
-    grad_s0 = grads[6] if ctx.has_initial_state else None
-    return (*grads[:6], grad_s0, None, None, None, None)
-
-
-if _backend._C is not None:
-    torch.library.register_fake("ropewkv::wkv7_forward")(_fake_forward)
-    torch.library.register_fake("ropewkv::wkv7_backward")(_fake_backward)
-    torch.library.register_fake("ropewkv::wkv7_step")(_fake_step)
-    torch.library.register_autograd("ropewkv::wkv7_forward", _backward, setup_context=_setup_context)
 
 
 # ---- validation --------------------------------------------------------------------------------------------------
@@ -183,44 +131,8 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
                                         cu_seqlens=cu_seqlens, decay=decay, dtype=_backend.compute_dtype(r.dtype))
         return y.to(r.dtype), final_state
     if resolved == "triton":
-        from .rwkv7_triton import wkv7_triton
-
-        return wkv7_triton(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay, precision)
+        return recurrent.wkv7_triton(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay, precision)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (*tensors, initial_state))
     y, final_state, _ = torch.ops.ropewkv.wkv7_forward(*tensors, initial_state, cu_seqlens, decay_code,
                                                       _backend.precision_code(precision), save)
     return y, (final_state if output_final_state else None)
-
-
-def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-              state: torch.Tensor, *, decay: str = "loglog", backend: str = "auto") -> torch.Tensor:
-    """One decode token of the WKV7 recurrence; equal to wkv7 with T = 1 (at the build-default precision).
-
-    Args:
-        r, w, k, v, a, b: [B, H, N], one dtype (as wkv7); copied to contiguous if they are not.
-        state: fp32 [B, H, N, N] (fp64 for fp64 inputs), S[v][k], contiguous. Updated IN PLACE to S_1.
-        decay, backend: as wkv7.
-    Returns:
-        y [B, H, N] in r's dtype.
-    Inference only: there is no backward (train with wkv7). It is a mutating custom op, so torch.compile keeps it.
-    """
-    tensors = (r, w, k, v, a, b)
-    resolved = _check_inputs(tensors, 3, "[B, H, N]", backend)
-    decay_code = _check_decay(decay)
-    batch, heads, n = r.shape
-    _check_state(state, "state", (batch, heads, n, n), r)
-    if not state.is_contiguous():
-        raise ValueError("state must be contiguous: wkv7_step updates it in place")
-    precision = _backend.resolve_precision(None)
-    tensors = tuple(x.contiguous() for x in tensors)
-    if resolved in ("cpu", "cuda"):
-        return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
-    if resolved == "reference":
-        y, new_state = reference.wkv7_step(*(x.to(state.dtype) for x in tensors), state, decay)
-    else:
-        from .rwkv7_triton import wkv7_triton
-
-        y, new_state = wkv7_triton(*(x.unsqueeze(1) for x in tensors), state, True, None, decay, precision)
-        y = y.squeeze(1)
-    state.copy_(new_state)
-    return y.to(r.dtype)

@@ -19,7 +19,7 @@ any lengths, so the buffer needs (B*T) // CHUNK + n_seqs slots and no host sync.
 import triton
 import triton.language as tl
 
-from .decay import log_decay_from_raw, log_decay_from_raw_grad
+from ..decay import log_decay_from_raw, log_decay_from_raw_grad
 
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}

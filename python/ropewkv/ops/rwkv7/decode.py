@@ -1,0 +1,50 @@
+"""wkv7_step: one decode token of the WKV7 recurrence, the state updated in place (the C++ op `ropewkv::wkv7_step`:
+a dedicated CUDA kernel and the CPU twin; Triton runs it as the recurrent kernel with T = 1)."""
+from __future__ import annotations
+
+import torch
+
+from ... import _backend
+from ...reference import rwkv7 as reference
+from . import recurrent
+from .api import _check_decay, _check_inputs, _check_state
+
+
+def _fake_step(r, w, k, v, a, b, state, decay, precision):
+    return torch.empty_like(r, memory_format=torch.contiguous_format)
+
+
+if _backend._C is not None:
+    torch.library.register_fake("ropewkv::wkv7_step")(_fake_step)
+
+
+def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+              state: torch.Tensor, *, decay: str = "loglog", backend: str = "auto") -> torch.Tensor:
+    """One decode token of the WKV7 recurrence; equal to wkv7 with T = 1 (at the build-default precision).
+
+    Args:
+        r, w, k, v, a, b: [B, H, N], one dtype (as wkv7); copied to contiguous if they are not.
+        state: fp32 [B, H, N, N] (fp64 for fp64 inputs), S[v][k], contiguous. Updated IN PLACE to S_1.
+        decay, backend: as wkv7.
+    Returns:
+        y [B, H, N] in r's dtype.
+    Inference only: there is no backward (train with wkv7). It is a mutating custom op, so torch.compile keeps it.
+    """
+    tensors = (r, w, k, v, a, b)
+    resolved = _check_inputs(tensors, 3, "[B, H, N]", backend)
+    decay_code = _check_decay(decay)
+    batch, heads, n = r.shape
+    _check_state(state, "state", (batch, heads, n, n), r)
+    if not state.is_contiguous():
+        raise ValueError("state must be contiguous: wkv7_step updates it in place")
+    precision = _backend.resolve_precision(None)
+    tensors = tuple(x.contiguous() for x in tensors)
+    if resolved in ("cpu", "cuda"):
+        return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
+    if resolved == "reference":
+        y, new_state = reference.wkv7_step(*(x.to(state.dtype) for x in tensors), state, decay)
+    else:
+        y, new_state = recurrent.wkv7_triton(*(x.unsqueeze(1) for x in tensors), state, True, None, decay, precision)
+        y = y.squeeze(1)
+    state.copy_(new_state)
+    return y.to(r.dtype)
