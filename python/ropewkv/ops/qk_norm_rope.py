@@ -23,6 +23,7 @@ from ..reference import rope as rope_reference
 from . import rope as rope_ops
 
 _SOURCE_ARGS = 15  # the schema's arguments after q and k (ROPEWKV_QK_NORM_ROPE_ARGS)
+MAX_CUDA_HEAD_DIM = 256  # cuda::kQkMaxHeadDim: a row in the registers of one warp; "auto" uses Triton beyond
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -201,6 +202,8 @@ def _normalise(q, k, q_weight, k_weight, eps, weight_offset, inv_freq, cos, sin,
         stand_in = q.new_empty(max(width, 0) // 2, dtype=torch.float32)  # shape only: never read
     n = rope_ops._normalise_rope(q, k, inv_freq if inv_freq is not None else stand_in, positions, seqlen_offsets,
                                  cu_seqlens, layout, interleaved, rotary_dim, attention_scaling, precision, backend)
+    if backend == "auto" and n.backend == "cuda" and n.q4.shape[-1] > MAX_CUDA_HEAD_DIM:
+        n = n._replace(backend=_backend.resolve_backend("triton", q.device))
     inv, pos, offsets, cu = n.args[:4]
     rot = 2 * inv.numel()
     batch, seqlen, _, head_dim = n.q4.shape
