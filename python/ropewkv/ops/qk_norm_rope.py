@@ -166,12 +166,15 @@ def _table(t, name: str, target: tuple, resolved: str, q: torch.Tensor) -> torch
     return view
 
 
-def _cache(cache, positions, q: torch.Tensor, resolved: str) -> torch.Tensor:
+def _check_cache_shape(cache) -> None:
     _checks.check_tensor(cache, "cos_sin_cache")
-    _checks.check_same_device("q", q, cos_sin_cache=cache)
     if not cache.is_floating_point() or cache.dim() != 2 or cache.shape[1] % 2 or cache.shape[0] == 0:
         raise ValueError(f"cos_sin_cache must be a float [max_position, rotary_dim] tensor with even rotary_dim, got "
                          f"{cache.dtype} {tuple(cache.shape)}")
+
+
+def _cache(cache, positions, q: torch.Tensor, resolved: str) -> torch.Tensor:
+    _checks.check_same_device("q", q, cos_sin_cache=cache)
     if positions is None:
         raise ValueError("cos_sin_cache needs positions (the cache row of each token)")
     if positions.device.type == "cpu" and positions.numel():  # on CUDA the kernels clamp instead (no sync)
@@ -194,7 +197,7 @@ def _normalise(q, k, q_weight, k_weight, eps, weight_offset, inv_freq, cos, sin,
     _checks.check_tensor(q, "q")
     if inv_freq is None:  # q, k, positions and offsets are checked by RoPE's normalisation, which reads inv_freq
         table = cos if cos is not None else cos_sin_cache
-        _checks.check_tensor(table, "cos" if cos is not None else "cos_sin_cache")
+        _checks.check_tensor(table, "cos") if cos is not None else _check_cache_shape(cos_sin_cache)
         width = table.shape[-1] if table.dim() else 0
         if rotary_dim is not None and rotary_dim != width:
             raise ValueError(f"rotary_dim {rotary_dim} must equal the table's last dim {width}")
@@ -207,7 +210,7 @@ def _normalise(q, k, q_weight, k_weight, eps, weight_offset, inv_freq, cos, sin,
     inv, pos, offsets, cu = n.args[:4]
     rot = 2 * inv.numel()
     batch, seqlen, _, head_dim = n.q4.shape
-    if (q_weight is None) != (k_weight is None if k is not None else False) or (k is None and k_weight is not None):
+    if (k_weight is not None and k is None) or (k is not None and (q_weight is None) != (k_weight is None)):
         raise ValueError("q_weight and k_weight must be given together (k_weight needs k), or both be None (no norm)")
     weights = [None if w is None else _weight(w, name, q, head_dim)
                for w, name in ((q_weight, "q_weight"), (k_weight, "k_weight"))]
