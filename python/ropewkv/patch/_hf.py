@@ -18,6 +18,7 @@ from typing import Optional, Union
 import torch
 
 from ..reference.rope import hf_apply_rotary_pos_emb
+from . import _hf_qk_norm
 from ._handle import PatchHandle
 
 # Architectures whose apply_rotary_pos_emb is HF's q*cos + rotate_half(q)*sin (full or, for gpt_neox/phi3,
@@ -105,6 +106,7 @@ def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType]
     """
     handle = PatchHandle()
     if rope:
+        _hf_qk_norm.patch_qk_norm(model_or_module, handle, precision, backend)  # Qwen3: q/k norm + RoPE fused
         replacement = _hf_replacement(precision, backend)
         for module in _candidate_modules(model_or_module, handle):
             function = getattr(module, FUNCTION, None)
