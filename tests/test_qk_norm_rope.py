@@ -281,6 +281,10 @@ BAD = [
                            seqlen_offsets=2), ValueError, "explicit positions only"),
     ("rotary-dim-vs-table", dict(inv_freq=None, cos_sin_cache=torch.ones(5, 8), rotary_dim=4,
                                  positions=torch.zeros(4, dtype=torch.long)), ValueError, "must equal the table's"),
+    ("table-with-positions", dict(inv_freq=None, cos=torch.ones(2, 4, 8), sin=torch.ones(2, 4, 8),
+                                  positions=torch.zeros(4, dtype=torch.long)), ValueError, "cos/sin tables are read"),
+    ("cache-scaling", dict(inv_freq=None, cos_sin_cache=torch.ones(5, 8), positions=torch.zeros(4, dtype=torch.long),
+                           attention_scaling=2.0), ValueError, "attention_scaling applies to the inv_freq"),
     ("q-int", dict(q=torch.ones(2, 4, 2, 8, dtype=torch.int32)), TypeError, "q must have dtype"),
     ("k-shape", dict(k=torch.ones(2, 5, 1, 8)), ValueError, "must match q"),
 ]

@@ -219,7 +219,12 @@ def _normalise(q, k, q_weight, k_weight, eps, weight_offset, inv_freq, cos, sin,
     if not isinstance(weight_offset, (int, float)):
         raise TypeError(f"weight_offset must be a float, got {type(weight_offset).__name__}")
     tables = [None, None, None]
+    if inv_freq is None and attention_scaling != 1.0:
+        raise ValueError("attention_scaling applies to the inv_freq source only (scale the cos/sin tables instead)")
     if cos is not None or sin is not None:
+        if pos is not None or offsets is not None or cu is not None:
+            raise ValueError("cos/sin tables are read per token as given: positions, seqlen_offsets and cu_seqlens "
+                             "apply to the inv_freq and cos_sin_cache sources")
         if cos is None or sin is None:
             raise ValueError("cos and sin must be given together")
         target = (seqlen, rot) if layout == "thd" else (batch, seqlen, rot)
