@@ -87,7 +87,8 @@ def test_set_use_kernels_picks_ropewkv_on_cpu():
         model.eval()
         with torch.no_grad():
             compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-            torch.testing.assert_close(compiled(ids, use_cache=False).logits, want, rtol=0, atol=2e-6 * want.abs().max())
+            got = compiled(ids, use_cache=False).logits
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * want.abs().max())
         from transformers.models.llama import modeling_llama
         print("kernelized:", modeling_llama.apply_rotary_pos_emb.forward.__func__.__qualname__)
     ''')
