@@ -84,6 +84,7 @@ setup(
     version="0.1.0",
     description="Precise fused RoPE and RWKV-7 kernels for PyTorch (Triton, CUDA, CPU)",
     package_dir={"": "python", "ropewkv.triton_kernels": "triton_kernels"},
+    package_data={"ropewkv.hub.rotary": ["metadata.json"]},  # the kernel-hub layout kernels' loader reads
     packages=find_packages("python") + ["ropewkv.triton_kernels"]
     + ["ropewkv.triton_kernels." + name for name in find_packages("triton_kernels")],
     ext_modules=ext_modules,

@@ -20,6 +20,7 @@ from .ops.rwkv7 import wkv7
 from .reference import rope as rope_reference
 from .reference import rwkv7 as rwkv7_reference
 from .testing import DTYPE_NAMES, MEASUREMENT_COLUMNS, Measurement, Tolerance, measure, seeded
+from .testing.hf import model_rotation_error
 from .testing.rope import LOW_MATH, rotation_measure, rope_input, tolerance as rope_tolerance
 from .testing.rwkv7 import rwkv7_inputs, tolerance as wkv7_tolerance
 
@@ -204,6 +205,24 @@ def rope_error_vs_position(device, head_dim: int = 128, per_octave: int = 3):
                        for name, (c, s) in curves.items()}
 
 
+def patched_model_story(model, ids, device) -> str:
+    """The rotated q and k inside the bf16 Llama at positions 2^20 - S .. 2^20 - 1, against the exact rotation of what
+    attention handed RoPE: HF eager, ropewkv.patch.transformers (exact fp32 tables, the default) and its bit-equal-to-HF
+    precision="bf16" mode."""
+    model = copy.deepcopy(model).to(torch.bfloat16)
+    seqlen = ids.shape[1]
+    position_ids = (2**20 - seqlen + torch.arange(seqlen, device=device)).expand(ids.shape[0], seqlen)
+    rows = [("HF eager (fp32 angle, bf16 cos/sin, bf16 math)", model_rotation_error(model, ids, position_ids))]
+    with patch.transformers(model):
+        rows.append(("ropewkv.patch.transformers (default: exact fp32 tables)",
+                     model_rotation_error(model, ids, position_ids)))
+    with patch.transformers(model, precision="bf16"):
+        rows.append(('ropewkv.patch.transformers(precision="bf16"), bit-equal to HF',
+                     model_rotation_error(model, ids, position_ids)))
+    return markdown_table(("bf16 Llama, positions near 2^20", "max error of rotated q, k (bf16 ulp at the pair norm)"),
+                          [(name, f"{err:.2f}") for name, err in rows])
+
+
 def plot(positions, errors, path: Path) -> Optional[Path]:
     try:
         import matplotlib
@@ -300,6 +319,8 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
         (int(p), *(f"{float(err[i]):.2e}" for err in errors.values()))
         for i, p in enumerate(positions) if int(p) in (15, 1023, 32767, 2**20 - 1)])
     png = plot(positions, errors, out_dir / "demo-rope-error.png")
+    progress("RoPE inside the patched bf16 Llama at positions near 2^20")
+    in_model = patched_model_story(model, ids, dev)
 
     failed = [m for m in rows if not m.passed]
     sizes = (f"batch {s.batch}, sequence {s.seqlen}, hidden {s.hidden}, {s.layers} layer(s)")
@@ -309,6 +330,7 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
         "## Speed (best-of-n wall time)\n\n" + speed_table,
         "## RoPE: max error of cos/sin vs position\n\n" + story
         + (f"\n\n![RoPE error vs position]({png.name})" if png else "\n\n(matplotlib not installed: no plot)"),
+        "## RoPE inside a patched model\n\n" + in_model,
         f"{len(rows) - len(failed)} parity rows passed, {len(failed)} failed; "
         f"{time.perf_counter() - started:.1f} s.",
     ]) + "\n"

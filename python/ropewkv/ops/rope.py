@@ -5,12 +5,14 @@ Ops (all opaque custom ops with fake kernels and autograd, so torch.compile(full
   - ropewkv::rope_triton / rope_triton_ / rope_cos_sin_triton: the Triton twin (triton_kernels/rope.py).
 Every twin gets the same normalised arguments, built here: q and k as [B, S, H, D] views (layouts are transposes,
 never copies, unless stride(-1) != 1), positions None or an int32/int64 [B, S] view, seqlen_offsets None or int64 [B]
-([n_seqs] for varlen), cu_seqlens None or int32/int64 [n_seqs + 1], inv_freq fp32 contiguous [rotary_dim / 2].
+([n_seqs] for varlen), cu_seqlens None or int32/int64 [n_seqs + 1], inv_freq fp32 contiguous [rotary_dim / 2],
+then interleaved, conjugate, attention_scaling, precision, and the M-RoPE section (None for plain RoPE; positions are
+then [3, B, S]) and layout flag.
 The backward is the forward with conjugate=True (the transpose of the rotation: sin -> -sin).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -33,12 +35,14 @@ def _outputs(q: torch.Tensor, k: Optional[torch.Tensor]) -> list[torch.Tensor]:
 @torch.library.custom_op("ropewkv::rope_triton", mutates_args=())
 def _rope_triton(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Tensor, positions: Optional[torch.Tensor],
                  seqlen_offsets: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], interleaved: bool,
-                 conjugate: bool, attention_scaling: float, precision: int) -> list[torch.Tensor]:
+                 conjugate: bool, attention_scaling: float, precision: int, mrope_section: Optional[list[int]],
+                 mrope_interleaved: bool) -> list[torch.Tensor]:
     from ..triton_kernels import rope as kernels
 
     out = _outputs(q, k)
     kernels.rope_forward(q, k, out[0], out[1] if k is not None else None, inv_freq, positions, seqlen_offsets,
-                         cu_seqlens, interleaved, conjugate, attention_scaling, precision == 1)
+                         cu_seqlens, interleaved, conjugate, attention_scaling, precision == 1, mrope_section,
+                         mrope_interleaved)
     return out
 
 
@@ -46,11 +50,12 @@ def _rope_triton(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Ten
 def _rope_triton_inplace(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Tensor,
                          positions: Optional[torch.Tensor], seqlen_offsets: Optional[torch.Tensor],
                          cu_seqlens: Optional[torch.Tensor], interleaved: bool, conjugate: bool,
-                         attention_scaling: float, precision: int) -> None:
+                         attention_scaling: float, precision: int, mrope_section: Optional[list[int]],
+                         mrope_interleaved: bool) -> None:
     from ..triton_kernels import rope as kernels
 
     kernels.rope_forward(q, k, q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, interleaved, conjugate,
-                         attention_scaling, precision == 1)
+                         attention_scaling, precision == 1, mrope_section, mrope_interleaved)
 
 
 @torch.library.custom_op("ropewkv::rope_cos_sin_triton", mutates_args=())
@@ -95,13 +100,13 @@ def _register(functional: str, inplace: str, cos_sin: str) -> None:
     torch.library.register_fake(inplace)(_fake_inplace)
 
     def setup(ctx, inputs, output):
-        q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate, scaling, precision = inputs
+        q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate, *rest = inputs
         ctx.has_k = k is not None
         ctx.save_for_backward(inv_freq, positions, offsets, cu_seqlens)
-        ctx.flags = (interleaved, not conjugate, scaling, precision)
+        ctx.flags = (interleaved, not conjugate, *rest)  # scaling, precision, mrope_section, mrope_interleaved
 
     def backward(ctx, grads):
-        return (*_grads(ctx, grads, op, (*ctx.saved_tensors, *ctx.flags)),) + (None,) * 8
+        return (*_grads(ctx, grads, op, (*ctx.saved_tensors, *ctx.flags)),) + (None,) * 10
 
     def setup_cos_sin(ctx, inputs, output):
         q, k, cos, sin, interleaved, conjugate, precision = inputs
@@ -229,18 +234,43 @@ def _offsets(seqlen_offsets, n: int, q: torch.Tensor) -> Optional[torch.Tensor]:
     return torch.full((n,), seqlen_offsets, dtype=torch.int64, device=q.device)
 
 
-def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor) -> Optional[torch.Tensor]:
+def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor, mrope: bool) -> Optional[torch.Tensor]:
     if positions is None:
+        if mrope:
+            raise ValueError("mrope_section needs positions of shape [3, B, S] ([3, T] for layout 'thd')")
         return None
     pos = _index_tensor(positions, "positions", q)
-    target = (seqlen,) if thd else (batch, seqlen)
+    target = ((seqlen,) if thd else (batch, seqlen))
+    if mrope:
+        target = (3,) + target
+        if pos.dim() != len(target) or pos.shape[0] != 3:
+            raise ValueError(f"positions for M-RoPE must have shape {target} (rows temporal, height, width), got "
+                             f"{tuple(positions.shape)}")
     try:
         pos = pos.expand(target)
     except RuntimeError:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to {target}") from None
     if pos.device.type == "cpu" and pos.numel() and int(pos.abs().max()) >= MAX_EXACT_POSITION:
         raise ValueError("positions must be < 2^24 in magnitude (positions are exact in fp32 below that)")
-    return pos.unsqueeze(0) if thd else pos
+    return pos.unsqueeze(-2) if thd else pos
+
+
+def _mrope_section(mrope_section, mrope_interleaved, rotary_dim: int) -> Optional[list[int]]:
+    """The checked M-RoPE section as a list (None for plain RoPE)."""
+    if mrope_section is None:
+        if mrope_interleaved:
+            raise ValueError("mrope_interleaved=True needs mrope_section")
+        return None
+    section = list(mrope_section)
+    if (len(section) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in section)
+            or sum(section) != rotary_dim // 2):
+        raise ValueError(f"mrope_section must be 3 non-negative ints (temporal, height, width) summing to "
+                         f"rotary_dim / 2 = {rotary_dim // 2}, got {mrope_section!r}")
+    if mrope_interleaved and any(3 * (n - 1) + row >= rotary_dim // 2 for row, n in ((1, section[1]), (2, section[2]))
+                                 if n):
+        raise ValueError(f"mrope_section {section} does not fit interleaved in {rotary_dim // 2} frequencies: "
+                         "height and width take every third one from 1 and 2")
+    return section
 
 
 class _Normalised(NamedTuple):
@@ -252,7 +282,7 @@ class _Normalised(NamedTuple):
 
 
 def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
-                    attention_scaling, precision, backend) -> _Normalised:
+                    attention_scaling, precision, backend, mrope_section=None, mrope_interleaved=False) -> _Normalised:
     _checks.check_tensor(q, "q")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -288,26 +318,32 @@ def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layou
     cu = _cu_seqlens(cu_seqlens, seqlen, q) if cu_seqlens is not None else None
     n_offsets = cu.numel() - 1 if cu is not None else batch
     offsets = _offsets(seqlen_offsets, n_offsets, q)
-    pos = _positions(positions, batch, seqlen, layout == "thd", q)
+    section = _mrope_section(mrope_section, mrope_interleaved, rotary_dim)
+    pos = _positions(positions, batch, seqlen, layout == "thd", q, section is not None)
     if not isinstance(attention_scaling, (int, float)):
         raise TypeError(f"attention_scaling must be a float, got {type(attention_scaling).__name__}")
     args = (inv, pos, offsets, cu, bool(interleaved), False, float(attention_scaling),
-            _backend.precision_code(precision))
+            _backend.precision_code(precision), section, bool(mrope_interleaved))
     return _Normalised(_stride1(q4), _stride1(k4), args, resolved, precision)
 
 
 def _reference_rope(n: _Normalised, x4: torch.Tensor) -> torch.Tensor:
     """The eager path: fp32 math (fp64 for fp64), or HF's low-precision eager arithmetic for precision="bf16"."""
     inv, pos, offsets, cu = n.args[:4]
+    section, mrope_interleaved = n.args[8:10]
     batch, seqlen = x4.shape[:2]
-    if cu is not None:
-        positions = reference.token_positions(1, seqlen, None if pos is None else pos[0],
-                                              0 if offsets is None else offsets, cu).view(1, seqlen)
-    else:
-        positions = reference.token_positions(batch, seqlen, pos, 0 if offsets is None else offsets)
+
+    def row_positions(row_pos):  # the absolute positions of one row of positions (plain RoPE: the only one)
+        if cu is not None:
+            return reference.token_positions(1, seqlen, None if row_pos is None else row_pos[0],
+                                             0 if offsets is None else offsets, cu).view(1, seqlen)
+        return reference.token_positions(batch, seqlen, row_pos, 0 if offsets is None else offsets)
+
+    positions = row_positions(pos) if section is None else torch.stack([row_positions(row) for row in pos])
     low = n.precision == "bf16" and x4.dtype in (torch.float16, torch.bfloat16)
     compute = _backend.compute_dtype(x4.dtype)
-    cos, sin = reference.cos_sin(positions.to(x4.device), inv, n.args[6], compute)
+    rows = None if section is None else reference.mrope_rows(inv.numel(), section, mrope_interleaved)
+    cos, sin = reference.cos_sin(positions.to(x4.device), inv, n.args[6], compute, rows)
     cos, sin = (cos.to(x4.dtype), sin.to(x4.dtype)) if low else (cos, sin)
     out = reference.rotate(x4 if low else x4.to(compute), cos.unsqueeze(2), sin.unsqueeze(2), n.args[4])
     return out.to(x4.dtype)
@@ -321,7 +357,8 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
          positions: Optional[torch.Tensor] = None, seqlen_offsets=0, cu_seqlens: Optional[torch.Tensor] = None,
          max_seqlen: Optional[int] = None, layout: str = "bshd", interleaved: bool = False,
          rotary_dim: Optional[int] = None, attention_scaling: float = 1.0, inplace: bool = False,
-         precision: Optional[str] = None, backend: str = "auto"):
+         precision: Optional[str] = None, backend: str = "auto", mrope_section: Optional[Sequence[int]] = None,
+         mrope_interleaved: bool = False):
     """Rotary position embedding of q (and k) in one fused launch, the angle computed in the kernel.
 
     Args:
@@ -344,6 +381,11 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
         precision: "fp32" (math in fp32: the default build), "bf16" (HF eager low-precision arithmetic: cos/sin
             rounded to q's dtype, then every product and sum rounded to it), or None for the build default.
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
+        mrope_section: M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): (temporal, height, width) frequency counts summing to
+            rotary_dim / 2, e.g. [16, 24, 24]; positions is then [3, B, S] ([3, T] for "thd"), one row each, and
+            frequency i is turned by the position of its row. seqlen_offsets add to every row.
+        mrope_interleaved: False: the rows own consecutive chunks of frequencies (Qwen2/2.5-VL: T..T H..H W..W);
+            True: they alternate T H W T H W ... while height and width have frequencies left, then T (Qwen3-VL).
     Returns:
         The rotated q, or (q, k), in q's layout and dtype.
 
@@ -352,7 +394,7 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
     cos/sin cache is read. Backward: the same kernel with sin negated.
     """
     n = _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
-                        attention_scaling, precision, backend)
+                        attention_scaling, precision, backend, mrope_section, mrope_interleaved)
     if inplace:
         for name, x4 in (("q", n.q4), ("k", n.k4)):
             if x4 is not None and x4.data_ptr() != (q if name == "q" else k).data_ptr() and x4.numel():
