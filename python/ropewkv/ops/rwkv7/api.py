@@ -25,7 +25,8 @@ _NAMES = ("r", "w", "k", "v", "a", "b")
 # ---- validation --------------------------------------------------------------------------------------------------
 
 def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
-    """r..b: tensors of one shape, dtype and device; returns the resolved backend."""
+    """r..b: tensors of one shape and device; r, k, v, a, b of one dtype, w of any float dtype the backend takes (an
+    fp32 decay beside bf16 r..b is how autocast runs). Returns the resolved backend."""
     for name, x in zip(_NAMES, tensors):
         _checks.check_tensor(x, name)
     r = tensors[0]
@@ -37,8 +38,9 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
         if x.shape != r.shape:
             raise ValueError(f"{name} has shape {tuple(x.shape)} but r has {tuple(r.shape)} (all of r, w, k, v, a, "
                              f"b are {layout})")
-        if x.dtype != r.dtype:
-            raise TypeError(f"{name} has dtype {x.dtype} but r has {r.dtype}; r, w, k, v, a, b must share a dtype")
+        if name != "w" and x.dtype != r.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype} but r has {r.dtype}; r, k, v, a, b must share a dtype "
+                            "(only w, the decay input, may have its own, e.g. fp32 under autocast)")
     _checks.check_same_device("r", r, **dict(zip(_NAMES[1:], tensors[1:])))
     n = r.shape[-1]
     if n not in HEAD_SIZES:
@@ -89,6 +91,12 @@ def _check_cu_seqlens(cu_seqlens, r: torch.Tensor) -> int:
     return cu_seqlens.shape[0] - 1
 
 
+def _decay_input(w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """w in r's dtype or fp32 (the twins read those two): any other float w is widened to fp32, exactly for fp16 and
+    bf16 (the math is fp32, so a wider w would be rounded to fp32 on load anyway)."""
+    return w if w.dtype in (r.dtype, torch.float32) else w.float()
+
+
 # ---- public API --------------------------------------------------------------------------------------------------
 
 def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
@@ -98,8 +106,10 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     """The RWKV-7 WKV recurrence: S_t = S_{t-1} (diag(d_t) + a_t b_t^T) + v_t k_t^T, y_t = S_t r_t (scale 1).
 
     Args:
-        r, w, k, v, a, b: [B, T, H, N], one dtype: fp32, fp16 or bf16 (fp64 on the cpu and reference backends, for
-            gradcheck). N in HEAD_SIZES. Any T. Non-contiguous inputs are copied to contiguous ones.
+        r, w, k, v, a, b: [B, T, H, N]; r, k, v, a, b of one dtype: fp32, fp16 or bf16 (fp64 on the cpu and
+            reference backends, for gradcheck). w, the decay input, may have its own float dtype and is read at its
+            own precision: keep it fp32 beside bf16 r..b (autocast), as a bf16 decay would lose the precision that
+            decays within 1e-3 of 1 need (FLA #181). N in HEAD_SIZES. Any T. Non-contiguous inputs are copied.
         initial_state: None (zeros) or [B, H, N, N] (with cu_seqlens: [n_seqs, H, N, N]) fp32 (fp64 for fp64
             inputs), in the RWKV-LM layout S[v][k] (FLA's [N, H, K, V] is the transpose).
         output_final_state: return the final state (else None).
@@ -108,16 +118,17 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
         decay: the convention of w: "loglog" d = exp(-exp(w)) (RWKV-LM), "raw" d = exp(-e^{-0.5} sigmoid(w)) (the
             LoRA pre-activation, fused; RWKV-LM clampw), "log" d = exp(w) (FLA, HF). Computed in fp32 in the kernel.
         precision: None (the build default), "fp32" (all arithmetic fp32), or "bf16" (RWKV-LM's bf16 mode: I/O
-            values pass through bf16 rounding, inputs on load and y and input gradients on store, while the state,
+            values pass through bf16 rounding, inputs (w too, whatever its dtype, as RWKV-LM's bf16 kernels take a
+            bf16 w) on load and y and input gradients on store, while the state,
             decay, sa and every sum stay fp32, because d can be within 1e-3 of 1 and S accumulates over thousands of
             steps). Ignored by fp64 inputs and by the reference backend.
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
-    Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included.
+    Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included; w's
+    gradient comes in w's dtype.
     """
-    tensors = (r, w, k, v, a, b)
-    resolved = _check_inputs(tensors, 4, "[B, T, H, N]", backend)
+    resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
@@ -125,7 +136,7 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     if initial_state is not None:
         _check_state(initial_state, "initial_state", (n_seqs, heads, n, n), r)
         initial_state = initial_state.contiguous()
-    tensors = tuple(x.contiguous() for x in tensors)
+    tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
     if resolved == "reference":
         y, final_state = reference.wkv7(*tensors, initial_state=initial_state, output_final_state=output_final_state,
                                         cu_seqlens=cu_seqlens, decay=decay, dtype=_backend.compute_dtype(r.dtype))
