@@ -259,7 +259,7 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="cu_seqlens must be int32 or int64"):
         ops.wkv7(*xs, cu_seqlens=torch.tensor([0.0, 4.0]))
     with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 1, 32, 32\]"):
-        ops.wkv7(*xs, cu_seqlens=torch.tensor([0, 1, 4]), initial_state=torch.zeros(1, 1, 32, 32))
+        ops.wkv7(*xs, cu_seqlens=torch.tensor([0, 1, 4]), initial_state=torch.zeros(3, 1, 32, 32))
     with pytest.raises(TypeError, match="r must have dtype"):
         ops.wkv7(*(x.to(torch.int32) for x in xs))
 

@@ -1,5 +1,6 @@
 """What users bring from other packages, on every kernel twin against the fp64 reference: a decay input w in its own
-dtype (fp32 beside bf16 r..b: autocast, FLA #181), and wkv7_step's precision switch."""
+dtype (fp32 beside bf16 r..b: autocast, FLA #181), rwkv-ops' [1, H, N, N] initial state broadcast over the batch and
+its [B, T] mask (0 freezes the state: left padding), and wkv7_step's precision switch."""
 import pytest
 import torch
 
@@ -95,6 +96,86 @@ def test_other_mixes_are_refused_by_name():
             ops.wkv7(*bad)
         with pytest.raises(TypeError, match=f"{name} has dtype torch.float32 but r has torch.bfloat16"):
             ops.wkv7_step(*(x[:, 0] for x in bad), torch.zeros(1, 1, 32, 32))
+
+
+def left_padded_mask(batch, seqlen, device):
+    """Row 0 left-padded by 3 tokens, row 1 unpadded with one frozen token in the middle, further rows unpadded."""
+    mask = torch.ones(batch, seqlen, dtype=torch.bool, device=device)
+    mask[0, :3] = False
+    if batch > 1:
+        mask[1, seqlen // 2] = False
+    return mask
+
+
+@pytest.mark.parametrize("decay", reference.DECAYS)
+def test_mask_freezes_the_state(device, decay):
+    for backend in kernel_backends(device):
+        shape = shape_for(backend, 2, 19, 2, 32)
+        inputs = parity.rwkv7_inputs(*shape, decay=decay, generator=seeded(6), device=device, initial_state=True)
+        mask = left_padded_mask(shape[0], shape[1], device)
+        (y, state, grads), _ = check(device, backend, inputs, decay, parity.tolerance(torch.float32, "fp32", shape[1]),
+                                     mask=mask)
+        masked = ~mask[..., None, None].expand_as(inputs["w"])
+        for name in ("w", "k", "b"):  # inputs of frozen tokens do not reach the state
+            assert torch.all(grads[name][masked] == 0), (backend, name)
+        # A frozen token is an exact no-op: row 0 ends in the state its unpadded tokens reach, bit for bit.
+        xs = [inputs[n][:1, 3:] for n in NAMES]
+        _, unpadded = ops.wkv7(*xs, initial_state=inputs["initial_state"][:1], output_final_state=True,
+                               decay=decay, backend=backend)
+        assert torch.equal(state[:1].detach(), unpadded), backend
+
+
+def test_mask_of_ones_changes_nothing_and_accepts_any_real_dtype(device):
+    for backend in kernel_backends(device):
+        inputs = parity.rwkv7_inputs(*shape_for(backend, 1, 9, 2, 32), generator=seeded(8), device=device)
+        xs = [inputs[n] for n in NAMES]
+        plain = ops.wkv7(*xs, output_final_state=True, backend=backend)
+        for mask in (torch.ones(1, 9, device=device), torch.ones(1, 9, dtype=torch.int64, device=device)):
+            masked = ops.wkv7(*xs, output_final_state=True, mask=mask, backend=backend)
+            assert torch.equal(plain[0], masked[0]) and torch.equal(plain[1], masked[1])
+
+
+def test_mask_with_varlen(device):
+    for backend in kernel_backends(device):
+        small = backend == "triton" and not torch.cuda.is_available()
+        bounds = [0, 5, 12] if small else [0, 9, 30, 41]
+        inputs = parity.rwkv7_inputs(1, bounds[-1], 1 if small else 2, 32, decay="log", generator=seeded(9),
+                                     device=device)
+        inputs["initial_state"] = torch.randn(len(bounds) - 1, *inputs["r"].shape[2:], 32,
+                                              generator=seeded(10)).to(device)
+        mask = torch.ones(1, bounds[-1], dtype=torch.bool, device=device)
+        mask[0, bounds[1]:bounds[1] + 2] = False  # the first two tokens of the second sequence
+        check(device, backend, inputs, "log", parity.tolerance(torch.float32, "fp32", bounds[-1]),
+              cu_seqlens=torch.tensor(bounds, device=device), mask=mask)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_initial_state_broadcast_over_the_batch(device, varlen):
+    """rwkv-ops' [1, H, N, N] initial state: every sequence starts from it; its gradient sums over them."""
+    for backend in kernel_backends(device):
+        batch, seqlen, heads, n = shape_for(backend, 3, 17, 2, 32)
+        cu = None
+        if varlen:
+            cu = torch.tensor([0, 4, 4, seqlen], device=device)
+            batch = 1
+        inputs = parity.rwkv7_inputs(batch, seqlen, heads, n, generator=seeded(11), device=device,
+                                     initial_state=True)
+        inputs["initial_state"] = inputs["initial_state"][:1]
+        (_, state, grads), _ = check(device, backend, inputs, "loglog",
+                                     parity.tolerance(torch.float32, "fp32", seqlen), cu_seqlens=cu)
+        assert state.shape[0] == (3 if varlen else batch) and grads["initial_state"].shape == (1, heads, n, n)
+
+
+def test_broadcast_and_mask_refusals_name_the_argument():
+    xs = [parity.rwkv7_inputs(2, 4, 1, 32, generator=seeded(12))[n] for n in NAMES]
+    with pytest.raises(ValueError, match=r"mask must have shape \[B, T\] = \[2, 4\]"):
+        ops.wkv7(*xs, mask=torch.ones(2, 5))
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
+        ops.wkv7(*xs, mask=[[1, 1, 1, 1]] * 2)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 1, 32, 32\] or \[1, 1, 32, 32\]"):
+        ops.wkv7(*xs, initial_state=torch.zeros(3, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"state must have shape \[2, 1, 32, 32\]"):  # decode updates it in place
+        ops.wkv7_step(*(x[:, 0] for x in xs), torch.zeros(1, 1, 32, 32))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
