@@ -6,10 +6,10 @@ import torch
 
 import ropewkv.ops.rwkv7 as ops
 from ropewkv.reference import rwkv7 as reference
-from ropewkv.testing import assert_within, poisoned_outputs, rms_ratio, seeded
+from ropewkv.testing import rms_ratio, seeded
 from ropewkv.testing import rwkv7 as parity
 from conftest import kernel_backends
-from test_wkv7 import shape_for
+from test_wkv7 import check_inputs, shape_for
 
 NAMES = parity.GRAD_NAMES[:6]
 
@@ -21,16 +21,9 @@ def mixed_inputs(shape, device, seed, io_dtype=torch.bfloat16, decay="raw", init
     return {n: (x if n in ("w", "initial_state") or x is None else x.to(io_dtype)) for n, x in inputs.items()}
 
 
-def check(device, backend, inputs, decay, tol, cu_seqlens=None, mask=None, precision="fp32"):
-    gen = seeded(7)
-    n_seqs = inputs["r"].shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
-    cot_y, cot_s = parity.cotangents(inputs, n_seqs, gen, device)
-    want = parity.oracle(inputs, decay, cot_y, cot_s, cu_seqlens, mask)
-    with poisoned_outputs():
-        got = parity.run_wkv7(backend, inputs, decay, precision, cot_y, cot_s, cu_seqlens, mask)
-    for row in parity.measurements(backend, precision, got, want, tol, inputs["r"].dtype):
-        assert_within(row)
-    return got, want
+def check(device, backend, inputs, decay, tol, cu_seqlens=None, mask=None):
+    """The backend's (y, final state, gradients), checked against the fp64 oracle (fp32 mode)."""
+    return check_inputs(device, backend, inputs, decay, "fp32", tol, seeded(7), cu_seqlens, mask)[0]
 
 
 @pytest.mark.parametrize("decay", reference.DECAYS)
@@ -38,8 +31,7 @@ def test_fp32_decay_beside_bf16_inputs(device, decay):
     for backend in kernel_backends(device):
         shape = shape_for(backend, 2, 40, 2, 64)
         inputs = mixed_inputs(shape, device, seed=1, decay=decay)
-        (y, state, grads), _ = check(device, backend, inputs, decay,
-                                     parity.tolerance(torch.bfloat16, "fp32", shape[1]))
+        y, _, grads = check(device, backend, inputs, decay, parity.tolerance(torch.bfloat16, "fp32", shape[1]))
         assert y.dtype == torch.bfloat16 and grads["w"].dtype == torch.float32 and grads["r"].dtype == torch.bfloat16
 
 
@@ -113,8 +105,8 @@ def test_mask_freezes_the_state(device, decay):
         shape = shape_for(backend, 2, 19, 2, 32)
         inputs = parity.rwkv7_inputs(*shape, decay=decay, generator=seeded(6), device=device, initial_state=True)
         mask = left_padded_mask(shape[0], shape[1], device)
-        (y, state, grads), _ = check(device, backend, inputs, decay, parity.tolerance(torch.float32, "fp32", shape[1]),
-                                     mask=mask)
+        _, state, grads = check(device, backend, inputs, decay, parity.tolerance(torch.float32, "fp32", shape[1]),
+                                mask=mask)
         masked = ~mask[..., None, None].expand_as(inputs["w"])
         for name in ("w", "k", "b"):  # inputs of frozen tokens do not reach the state
             assert torch.all(grads[name][masked] == 0), (backend, name)
@@ -161,8 +153,8 @@ def test_initial_state_broadcast_over_the_batch(device, varlen):
         inputs = parity.rwkv7_inputs(batch, seqlen, heads, n, generator=seeded(11), device=device,
                                      initial_state=True)
         inputs["initial_state"] = inputs["initial_state"][:1]
-        (_, state, grads), _ = check(device, backend, inputs, "loglog",
-                                     parity.tolerance(torch.float32, "fp32", seqlen), cu_seqlens=cu)
+        _, state, grads = check(device, backend, inputs, "loglog", parity.tolerance(torch.float32, "fp32", seqlen),
+                                cu_seqlens=cu)
         assert state.shape[0] == (3 if varlen else batch) and grads["initial_state"].shape == (1, heads, n, n)
 
 
