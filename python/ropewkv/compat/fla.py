@@ -82,9 +82,10 @@ def _run(r, w, k, v, a, b, scale, initial_state, output_final_state, cu_seqlens,
         state = initial_state.transpose(-1, -2).to(compute_dtype(io_dtype))
     tensors = (r, w, k, v, a, b)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (*tensors, initial_state) if x is not None)
-    if r.shape[1] == 1 and cu_seqlens is None and not needs_grad:
-        # One decode token: the dedicated step kernel, on a fresh state that it updates in place.
-        batch, _, heads, n = r.shape
+    batch, seqlen, heads, n = r.shape
+    if seqlen == 1 and cu_seqlens is None and not needs_grad and (state is None or state.shape[0] in (1, batch)):
+        # One decode token: the dedicated step kernel, on a fresh state that it updates in place (a state of another
+        # batch size goes to wkv7, whose error names initial_state).
         if state is None:
             state = r.new_zeros((batch, heads, n, n), dtype=compute_dtype(io_dtype))
         else:

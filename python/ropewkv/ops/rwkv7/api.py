@@ -64,7 +64,7 @@ def _check_state(state, name: str, shape: tuple, r: torch.Tensor, broadcast: boo
     """broadcast: a state of batch size 1 may stand for every sequence (rwkv-ops' [1, H, N, N])."""
     _checks.check_tensor(state, name)
     if tuple(state.shape) != shape and not (broadcast and tuple(state.shape) == (1, *shape[1:])):
-        also = f" or [1, {', '.join(map(str, shape[1:]))}] (broadcast)" if broadcast else ""
+        also = f" or [1, {', '.join(map(str, shape[1:]))}] (broadcast)" if broadcast and shape[0] != 1 else ""
         raise ValueError(f"{name} must have shape {list(shape)}{also} ([n_seqs or B, H, N, N], S[v][k] layout), "
                          f"got {list(state.shape)}")
     expected = _backend.compute_dtype(r.dtype)
