@@ -300,11 +300,10 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
     eager_ms = timed(lambda: training_step(model, ids), dev, s.reps)
     with patch.transformers(model):
         speed.append(("Llama fwd+bwd", eager_ms, timed(lambda: training_step(model, ids), dev, s.reps)))
-    for label, autocast in (("RWKV-7 fwd+bwd", False), ("RWKV-7 fwd+bwd, bf16 autocast", True)):
-        rwkv.set_backend("reference")
-        eager_ms = timed(lambda: training_step(rwkv, ids, autocast), dev, s.reps)
-        rwkv.set_backend(backend)
-        speed.append((label, eager_ms, timed(lambda: training_step(rwkv, ids, autocast), dev, s.reps)))
+    rwkv.set_backend("reference")
+    eager_ms = timed(lambda: training_step(rwkv, ids), dev, s.reps)
+    rwkv.set_backend(backend)
+    speed.append(("RWKV-7 fwd+bwd", eager_ms, timed(lambda: training_step(rwkv, ids), dev, s.reps)))
     speed_table = markdown_table(("what", "eager ms", "ropewkv ms", "speed-up", "backend"),
                                  [(name, f"{e:.3g}", f"{o:.3g}", f"{e / o:.2f}x", backend) for name, e, o in speed])
 
