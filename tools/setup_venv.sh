@@ -18,7 +18,7 @@ fi
 
 # module:requirement pairs; triton pinned to the version torch 2.13's CUDA build pins.
 for pair in torch:torch==2.13.0 triton:triton==3.7.1 ninja:ninja pytest:pytest numpy:numpy hypothesis:hypothesis \
-            transformers:transformers kernels:kernels==0.17.2; do
+            transformers:transformers kernels:kernels==0.17.2 fla:flash-linear-attention==0.6.0; do
   module=${pair%%:*}
   requirement=${pair#*:}
   if ! "$venv/bin/python" -c "import $module" 2>/dev/null; then
