@@ -10,10 +10,15 @@ Backends:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from typing import Optional
 
 import torch
+
+MIN_TORCH = (2, 7)  # custom_op annotations, list[Tensor] returns, increment_version of a list; README, setup.py
+if tuple(int(part) for part in torch.__version__.split(".")[:2]) < MIN_TORCH:
+    raise ImportError(f"ropewkv needs torch >= {'.'.join(map(str, MIN_TORCH))}, found torch {torch.__version__}")
 
 BACKENDS = ("auto", "cuda", "triton", "cpu", "reference")
 PRECISIONS = ("fp32", "bf16")
@@ -56,8 +61,12 @@ def precision_code(precision: str) -> int:
     return PRECISIONS.index(precision)
 
 
+# Looked up once, at import: find_spec is not traceable by dynamo (torch 2.11), and the ops resolve under compile.
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
-    if importlib.util.find_spec("triton") is None:
+    if not _TRITON_INSTALLED:
         return "triton is not installed"
     if device.type == "cuda":
         return None
@@ -85,8 +94,21 @@ def unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
+# (backend, device type, TRITON_INTERPRET) -> the concrete backend; what decides availability cannot change after
+# import except TRITON_INTERPRET (tests toggle it), so it is part of the key. Failures are not cached.
+_resolved: dict = {}
+
+
 def resolve_backend(backend: str, device: torch.device) -> str:
     """Turn `backend` (possibly "auto") into a concrete backend for `device`, or raise BackendUnavailableError."""
+    key = (backend, device.type, os.environ.get("TRITON_INTERPRET"))
+    resolved = _resolved.get(key) if isinstance(backend, str) else None
+    if resolved is None:
+        resolved = _resolved[key] = _resolve_backend(backend, device)
+    return resolved
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
