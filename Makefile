@@ -34,6 +34,7 @@ setup:
 
 build: setup
 	$(PY) -m pip install -q -e . --no-build-isolation --no-deps
+	tools/source_hash.sh >$(BUILD)/source.hash
 
 pytest: build
 	$(TEST_ENV) $(PY) -m pytest tests -q
