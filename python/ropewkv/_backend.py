@@ -130,6 +130,16 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def call_op(op, needs_grad: bool, *args):
+    """op(*args); when no gradient can flow, below the Autograd key. torch.library's Python autograd kernel would only
+    redispatch there, after a C++ -> Python -> C++ round trip that costs several µs per call: at decode the host is the
+    speed. Under torch.compile the op is traced as it is."""
+    if needs_grad or torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def best_device(name: Optional[str] = None) -> torch.device:
     """The device named, or the best one present: CUDA if available, else the CPU."""
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
