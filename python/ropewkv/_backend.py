@@ -94,17 +94,19 @@ def unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-# (backend, device type, TRITON_INTERPRET) -> the concrete backend; what decides availability cannot change after
-# import except TRITON_INTERPRET (tests toggle it), so it is part of the key. Failures are not cached.
+# (backend, device type) -> the concrete backend: what decides it cannot change after import, except TRITON_INTERPRET
+# for Triton on CPU tensors (tests toggle it), which is resolved on every call. Failures are not cached.
 _resolved: dict = {}
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
     """Turn `backend` (possibly "auto") into a concrete backend for `device`, or raise BackendUnavailableError."""
-    key = (backend, device.type, os.environ.get("TRITON_INTERPRET"))
+    key = (backend, device.type)
     resolved = _resolved.get(key) if isinstance(backend, str) else None
     if resolved is None:
-        resolved = _resolved[key] = _resolve_backend(backend, device)
+        resolved = _resolve_backend(backend, device)
+        if key != ("triton", "cpu"):
+            _resolved[key] = resolved
     return resolved
 
 

@@ -121,11 +121,20 @@ if _backend._C is not None:
     _register("ropewkv::rope", "ropewkv::rope_", "ropewkv::rope_cos_sin")
 
 
+_OP_HANDLES: dict = {}  # backend -> its ops: looked up once, not through torch.ops on every call
+
+
 def _ops(backend: str):
     """(functional, in-place, cos/sin) ops of a kernel backend; cpu and cuda share the dispatched C++ ops."""
-    if backend == "triton":
-        return torch.ops.ropewkv.rope_triton, torch.ops.ropewkv.rope_triton_, torch.ops.ropewkv.rope_cos_sin_triton
-    return torch.ops.ropewkv.rope, torch.ops.ropewkv.rope_, torch.ops.ropewkv.rope_cos_sin
+    handles = _OP_HANDLES.get(backend)
+    if handles is None:
+        if backend == "triton":
+            handles = (torch.ops.ropewkv.rope_triton, torch.ops.ropewkv.rope_triton_,
+                       torch.ops.ropewkv.rope_cos_sin_triton)
+        else:
+            handles = torch.ops.ropewkv.rope, torch.ops.ropewkv.rope_, torch.ops.ropewkv.rope_cos_sin
+        _OP_HANDLES[backend] = handles
+    return handles
 
 
 class _InplaceRope(torch.autograd.Function):
