@@ -13,7 +13,8 @@ compute is small, and split into:
   - dispatcher: the same op on zero-size inputs (dispatcher + glue, no kernel work);
   - kernel: op - dispatcher (on a CUDA device: the launch and the queueing, not the GPU time).
 The floor beside them: one eager aten op on a 1-element tensor (torch.add), measured in the same run. Each figure is
-the best of 7 batches of back-to-back calls (other processes only add time), single-threaded.
+the calling thread's CPU time (time.thread_time: a loaded machine's other processes do not count), the best of 7
+batches of back-to-back calls, single-threaded (torch.set_num_threads(1)).
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ REPEATS = 7
 
 
 def per_call_us(calls, device: torch.device, quick: bool) -> list:
-    """µs per call of each of `calls`: the best of REPEATS batches of back-to-back calls (synchronised only at the batch
-    ends), the calls' batches interleaved so that a change of load on the machine hits them alike."""
+    """CPU µs of this thread per call of each of `calls`: the best of REPEATS batches of back-to-back calls
+    (synchronised only at the batch ends), interleaved. Thread CPU time, not wall time: what a call costs the host,
+    which other processes on a shared machine do not inflate."""
     n = 200 if quick else 2000
     best = [float("inf")] * len(calls)
     with torch.no_grad():
@@ -46,11 +48,11 @@ def per_call_us(calls, device: torch.device, quick: bool) -> list:
         for _ in range(REPEATS):
             for i, call in enumerate(calls):
                 common.sync(device)
-                start = time.perf_counter()
+                start = time.thread_time()
                 for _ in range(n):
                     call()
                 common.sync(device)
-                best[i] = min(best[i], (time.perf_counter() - start) / n)
+                best[i] = min(best[i], (time.thread_time() - start) / n)
     return [b * 1e6 for b in best]
 
 
