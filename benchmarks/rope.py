@@ -1,6 +1,7 @@
 """RoPE benchmark: fwd, bwd and fwd+bwd GB/s against the copy bandwidth measured in the same run.
 
     python benchmarks/rope.py [--device cuda|cpu] [--quick] [--out DIR] [--plot] [--[no-]compile] [--only SUBSTR,..]
+                              [--shapes SUBSTR,..] [--append]
 
 Bytes counted (the floor): q and k read once and written once, 2 * (numel(q) + numel(k)) * itemsize per fwd or bwd
 pass (cos/sin tables of the peers are not counted: they are S*D, small against B*S*H*D). Memory layout is the one a
@@ -47,8 +48,8 @@ def shapes(device: torch.device, quick: bool) -> list:
         return [Shape("train B8 S4096", 8, 4096, 32, 8, 128), Shape("long B1 S32k", 1, 32768, 32, 8, 128),
                 Shape("decode B64", 64, 1, 32, 8, 128)]
     if quick:
-        return [Shape("B1 S256", 1, 256, 8, 2, 128), Shape("decode B64", 64, 1, 8, 2, 128)]
-    return [Shape("B1 S1024", 1, 1024, 32, 8, 128), Shape("decode B64", 64, 1, 32, 8, 128)]
+        return [Shape("train B1 S256", 1, 256, 8, 2, 128), Shape("decode B64", 64, 1, 8, 2, 128)]
+    return [Shape("train B1 S1024", 1, 1024, 32, 8, 128), Shape("decode B64", 64, 1, 32, 8, 128)]
 
 
 class Inputs:

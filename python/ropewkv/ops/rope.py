@@ -126,11 +126,20 @@ if _backend._C is not None:
     _register("ropewkv::rope", "ropewkv::rope_", "ropewkv::rope_cos_sin")
 
 
+_OP_HANDLES: dict = {}  # backend -> its ops: looked up once, not through torch.ops on every call
+
+
 def _ops(backend: str):
     """(functional, in-place, cos/sin) ops of a kernel backend; cpu and cuda share the dispatched C++ ops."""
-    if backend == "triton":
-        return torch.ops.ropewkv.rope_triton, torch.ops.ropewkv.rope_triton_, torch.ops.ropewkv.rope_cos_sin_triton
-    return torch.ops.ropewkv.rope, torch.ops.ropewkv.rope_, torch.ops.ropewkv.rope_cos_sin
+    handles = _OP_HANDLES.get(backend)
+    if handles is None:
+        if backend == "triton":
+            handles = (torch.ops.ropewkv.rope_triton, torch.ops.ropewkv.rope_triton_,
+                       torch.ops.ropewkv.rope_cos_sin_triton)
+        else:
+            handles = torch.ops.ropewkv.rope, torch.ops.ropewkv.rope_, torch.ops.ropewkv.rope_cos_sin
+        _OP_HANDLES[backend] = handles
+    return handles
 
 
 class _InplaceRope(torch.autograd.Function):
@@ -222,6 +231,8 @@ def _offsets(seqlen_offsets, n: int, q: torch.Tensor) -> Optional[torch.Tensor]:
         if off.dim() > 1 or (off.dim() == 1 and off.numel() != n):
             raise ValueError(f"seqlen_offsets must be an int or a [{n}] tensor, got shape {tuple(off.shape)}")
         _check_cpu_nonnegative(off, "seqlen_offsets")
+        if off.dtype == torch.int64 and off.dim() == 1 and off.is_contiguous():
+            return off  # already what the ops take (the usual decode call): no conversion calls
         return off.to(torch.int64).expand(n).contiguous()
     if not isinstance(seqlen_offsets, int) or isinstance(seqlen_offsets, bool):
         raise TypeError(f"seqlen_offsets must be an int or an integer tensor, got {type(seqlen_offsets).__name__}")
@@ -312,7 +323,9 @@ def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layou
         raise ValueError(f"rotary_dim {rotary_dim} (2 * len(inv_freq) by default) exceeds head_dim {head_dim}")
     if rotary_dim > 2 * inv_freq.numel():
         raise ValueError(f"rotary_dim {rotary_dim} needs {rotary_dim // 2} frequencies, inv_freq has {inv_freq.numel()}")
-    inv = inv_freq[: rotary_dim // 2].to(torch.float32).contiguous()
+    inv = inv_freq
+    if inv.dtype != torch.float32 or inv.numel() != rotary_dim // 2 or not inv.is_contiguous():
+        inv = inv_freq[: rotary_dim // 2].to(torch.float32).contiguous()
     if cu_seqlens is not None and layout != "thd":
         raise ValueError(f"cu_seqlens needs layout='thd', got layout={layout!r}")
     cu = _cu_seqlens(cu_seqlens, seqlen, q) if cu_seqlens is not None else None
@@ -410,16 +423,17 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
         _rope_inplace(n, q, k, layout)
         return q if k is None else (q, k)
     else:
-        outs = _ops(n.backend)[0](n.q4, n.k4, *n.args)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+        outs = _backend.call_op(_ops(n.backend)[0], needs_grad, n.q4, n.k4, *n.args)
     outs = [_from_bshd(o, layout) for o in outs]
     return outs[0] if k is None else (outs[0], outs[1])
 
 
-def _table_views(x: torch.Tensor, cos_u: torch.Tensor, target: tuple, axis: int):
-    """x with its head axis moved to dim 2 ([B', S', H, D]) and the [B', S', R] view of the table (cos_u, size 1 on
-    that axis) broadcast over the other axes."""
-    one_head = target[:axis] + (1,) + target[axis + 1:]
-    return x.movedim(axis, 2), cos_u.expand(one_head).movedim(axis, 2).select(2, 0)
+def _table_view(table_u: torch.Tensor, x: torch.Tensor, rot: int, axis: int) -> torch.Tensor:
+    """The [B', S', R] view of an unsqueezed cos/sin table (size 1 on x's head axis `axis`) broadcast over x's other
+    axes, in the order of x.movedim(axis, 2)."""
+    one_head = x.shape[:axis] + (1,) + x.shape[axis + 1:-1] + (rot,)
+    return table_u.expand(one_head).select(axis, 0)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
@@ -464,29 +478,26 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     axis = unsqueeze_dim % cos_u.dim() + q.dim() - cos_u.dim()
     if not 0 <= axis <= 2:
         raise ValueError(f"unsqueeze_dim={unsqueeze_dim} does not select a head axis of q {tuple(q.shape)}")
-    outs = []
     for name, x in (("q", q), ("k", k)):
         target = x.shape[:-1] + (rot,)
-        try:
-            if torch.broadcast_shapes(cos_u.shape, target) != target:
-                raise RuntimeError
-        except RuntimeError:
+        if not _checks.broadcasts_to(cos_u.shape, target):
             raise ValueError(f"cos/sin {tuple(cos.shape)} unsqueezed at {unsqueeze_dim} do not broadcast to "
-                             f"{name}[..., :{rot}] {tuple(target)}") from None
-        x4, c3 = _table_views(x, cos_u, target, axis)
-        _, s3 = _table_views(x, sin_u, target, axis)
-        outs.append((x4, c3, s3))
-    (q4, c3, s3), (k4, kc3, ks3) = outs
+                             f"{name}[..., :{rot}] {tuple(target)}")
+    q4, k4 = q.movedim(axis, 2), k.movedim(axis, 2)
+    fused = q.dtype == k.dtype and q4.shape[:2] == k4.shape[:2]
+    c3, s3 = (_table_view(t, q, rot, axis) for t in (cos_u, sin_u))
+    kc3, ks3 = (c3, s3) if fused else (_table_view(t, k, rot, axis) for t in (cos_u, sin_u))
     if resolved != "cpu" and cos.dtype == torch.float64:  # only the CPU twin reads fp64 tables
         c3, s3, kc3, ks3 = (t.to(torch.float32) for t in (c3, s3, kc3, ks3))
-    fused = q.dtype == k.dtype and q4.shape[:2] == k4.shape[:2]
     code = _backend.precision_code(resolved_precision)
     if q.numel() == 0 and k.numel() == 0:
         return q.clone(), k.clone()
     if resolved == "reference":
         results = [_reference_cos_sin(x4, c, s, resolved_precision) for x4, c, s in ((q4, c3, s3), (k4, kc3, ks3))]
     elif fused:
-        results = _ops(resolved)[2](_stride1(q4), _stride1(k4), c3, s3, False, False, code)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        results = _backend.call_op(_ops(resolved)[2], needs_grad, _stride1(q4), _stride1(k4), c3, s3, False, False,
+                                   code)
     else:
         op = _ops(resolved)[2]
         results = [op(_stride1(x4), None, c, s, False, False, code)[0] for x4, c, s in ((q4, c3, s3), (k4, kc3, ks3))]
