@@ -74,7 +74,7 @@ def rope_cases(device: torch.device, backend: str) -> list:
     offsets = torch.randint(0, 4096, (BATCH,), generator=gen).to(device)
     functional = below_autograd(ropewkv.ops.rope._ops(backend)[0])
     cos_sin_op = below_autograd(ropewkv.ops.rope._ops(backend)[2])
-    op_args = (inv_freq, None, offsets, None, False, False, 1.0, 0)
+    op_args = (inv_freq, None, offsets, None, False, False, 1.0, 0, None, False)
     cos, sin = (t.to(device) for t in ref.cos_sin(offsets.view(BATCH, 1).cpu(), inv_freq.cpu(), dtype=torch.float32))
     cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)  # HF's [B, 1, D]
     qh, kh = q.transpose(1, 2), k.transpose(1, 2)  # HF's [B, H, S, D]
