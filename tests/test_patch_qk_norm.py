@@ -112,8 +112,15 @@ def test_undo_restores_the_attention_classes():
     with ropewkv.patch.transformers() as handle:
         assert modeling_qwen3.Qwen3Attention.forward is not originals[0]
         assert modeling_qwen3_moe.Qwen3MoeAttention.forward is not originals[1]
-        assert "Qwen3Attention.forward" in handle.patched
+        assert "transformers.models.qwen3.modeling_qwen3.Qwen3Attention.forward" in handle.patched
     assert (modeling_qwen3.Qwen3Attention.forward, modeling_qwen3_moe.Qwen3MoeAttention.forward) == originals
+
+
+def test_qk_norm_false_leaves_the_attention_to_hf():
+    original = modeling_qwen3.Qwen3Attention.forward
+    with ropewkv.patch.transformers(qk_norm=False) as handle:
+        assert modeling_qwen3.Qwen3Attention.forward is original
+        assert "transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb" in handle.patched
 
 
 def test_a_llama_model_leaves_qwen3_alone():

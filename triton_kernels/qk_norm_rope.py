@@ -27,8 +27,8 @@ def _entries(token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, offset_pt
              INTERPRETING: tl.constexpr):
     """The token's (cos1, sin1, cos2, sin2) in fp32 for pairs i, conjugated (the backward) if asked."""
     if SOURCE == 2:
-        position = _token_position(token, b, s, pos_ptr, offset_ptr, cu_ptr, n_seqs, search_steps, pos_sb, pos_ss,
-                                   HAS_POSITIONS, HAS_OFFSETS, HAS_CU)
+        position = _token_position(token, b, s, i, pos_ptr, offset_ptr, cu_ptr, n_seqs, search_steps, 0, pos_sb, pos_ss,
+                                   0, 0, 0, HAS_POSITIONS, HAS_OFFSETS, HAS_CU, False, False)  # no M-RoPE here
         row = tl.minimum(tl.maximum(position, 0), max_position - 1) * cache_stride  # never outside the cache
         cos1 = tl.load(cache_ptr + row + i, mask=half_mask).to(tl.float32)
         sin1 = tl.load(cache_ptr + row + HALF + i, mask=half_mask).to(tl.float32)
@@ -37,8 +37,8 @@ def _entries(token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, offset_pt
     else:
         cos1, sin1, cos2, sin2 = _token_cos_sin(
             token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, offset_ptr, cu_ptr, cos_ptr, sin_ptr, n_seqs,
-            search_steps, scaling, pos_sb, pos_ss, cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd, SOURCE == 1,
-            HAS_POSITIONS, HAS_OFFSETS, HAS_CU, INTERPRETING)
+            search_steps, scaling, 0, 0, 0, 0, pos_sb, pos_ss, cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+            SOURCE == 1, HAS_POSITIONS, HAS_OFFSETS, HAS_CU, False, False, INTERPRETING)
     if CONJUGATE:
         sin1, sin2 = -sin2, -sin1
     return cos1, sin1, cos2, sin2

@@ -75,7 +75,7 @@ inline Params make_params(const at::Tensor& q, const OptTensor& k, const at::Ten
   if (inv_freq.has_value()) {
     TORCH_CHECK_VALUE(inv_freq->numel() == rotary_dim / 2, "inv_freq must have rotary_dim / 2 = ", rotary_dim / 2,
                       " entries, got ", inv_freq->numel());
-    rope::set_angle_source(p.rope, q, *inv_freq, positions, offsets, cu_seqlens, scaling);
+    rope::set_angle_source(p.rope, q, *inv_freq, positions, offsets, cu_seqlens, scaling, std::nullopt, false);
   } else if (cos.has_value()) {
     TORCH_CHECK_VALUE(sin.has_value(), "cos needs sin");
     rope::set_table_source(p.rope, q, *cos, *sin, allow_fp64);
