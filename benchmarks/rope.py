@@ -7,6 +7,15 @@ Bytes counted (the floor): q and k read once and written once, 2 * (numel(q) + n
 pass (cos/sin tables of the peers are not counted: they are S*D, small against B*S*H*D). Memory layout is the one a
 projection produces, [B, S, H, D] (bshd); the HF-style implementations get the [B, H, S, D] transposed views, as HF's
 attention passes them. Every implementation is checked against the fp32 eager reference (rel err column).
+
+Two more tables share the run:
+  - "qk_norm_rope": Qwen3's q_norm/k_norm + RoPE. Floor: one read and one write of q and k per fwd pass; the bwd
+    reads q, k and their cotangents and writes dq, dk (3 passes' bytes). Against it: HF eager (Qwen3RMSNorm then
+    apply_rotary_pos_emb: three reads and writes of q and k in the fwd, more in the bwd), torch.compile of it, and the
+    two-kernel path "norm + ropewkv.rope" (HF's norm, then our fused RoPE).
+  - "serving": vLLM's rotary_embedding signature, in place, fwd only: ropewkv with the cos_sin_cache and with the
+    in-kernel angle (inv_freq), vLLM's torch `forward_native` arithmetic (eager), and the real vLLM / FlashInfer ops
+    where installed (CUDA).
 """
 from __future__ import annotations
 
@@ -20,7 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
 import ropewkv  # noqa: E402
+from ropewkv.compat import vllm as vllm_compat  # noqa: E402
+from ropewkv.reference import qk_norm_rope as qk_ref  # noqa: E402
 from ropewkv.reference import rope as ref  # noqa: E402
+from ropewkv.testing.qk_norm_rope import norm_weight  # noqa: E402
 from ropewkv.testing.rope import rope_input  # noqa: E402
 
 DECODE_CONTEXT = 4096  # decode positions are drawn from [0, DECODE_CONTEXT)
@@ -63,6 +75,7 @@ class Inputs:
         else:
             self.offsets = 0
         self.positions = ref.token_positions(shape.batch, shape.seqlen, seqlen_offsets=self.offsets).to(device)
+        self.max_position = DECODE_CONTEXT if shape.decode else shape.seqlen  # rows of a vLLM cos_sin_cache
         cos, sin = ref.cos_sin(self.positions, self.inv_freq, dtype=torch.float32)  # [B, S, D/2] fp32, as HF
         self.cos, self.sin = (torch.cat((c, c), dim=-1).to(dtype) for c in (cos, sin))  # HF's [B, S, D] in bf16
         # flash-attn reads a [seqlen_ro, D/2] table at offset + s: at decode it spans the whole context.
@@ -154,6 +167,113 @@ def implementations(inputs: Inputs, device: torch.device, args) -> list:
     return [(n, f) for n, f in impls if common.selected(args, n)]
 
 
+QK_EPS = 1e-6
+
+
+def _eager_qk_norm(x, weight):
+    """HF's Qwen3RMSNorm arithmetic on a [B, S, H, D] tensor."""
+    return qk_ref.hf_rms_norm(x, weight, QK_EPS)
+
+
+def qk_implementations(inputs: Inputs, device: torch.device, args) -> list:
+    """(name, fn(q, k, wq, wk) -> (q_out, k_out) in bshd) for the fused QK-norm + RoPE comparison."""
+    impls = []
+    for backend in common.kernel_backends(device):
+        for precision in ("fp32", "bf16"):
+            impls.append((f"ropewkv.qk_norm_rope[{backend},{precision}]",
+                          lambda q, k, wq, wk, b=backend, p=precision: ropewkv.qk_norm_rope(
+                              q, k, wq, wk, QK_EPS, inv_freq=inputs.inv_freq, seqlen_offsets=inputs.offsets,
+                              precision=p, backend=b)))
+        impls.append((f"ropewkv.qk_norm_rope[{backend},HF tables]",
+                      lambda q, k, wq, wk, b=backend: ropewkv.qk_norm_rope(
+                          q, k, wq, wk, QK_EPS, cos=inputs.cos, sin=inputs.sin, backend=b)))
+        impls.append((f"norm + ropewkv.rope[{backend}]",
+                      lambda q, k, wq, wk, b=backend: ropewkv.rope(
+                          _eager_qk_norm(q, wq), _eager_qk_norm(k, wk), inv_freq=inputs.inv_freq,
+                          seqlen_offsets=inputs.offsets, backend=b)))
+
+    def eager(q, k, wq, wk):
+        return _hf_style(ref.hf_apply_rotary_pos_emb)(_eager_qk_norm(q, wq), _eager_qk_norm(k, wk), inputs.cos,
+                                                      inputs.sin)
+
+    impls.append(("eager HF (Qwen3RMSNorm + apply_rotary_pos_emb)", eager))
+    if common.want_compile(args, device):
+        compiled = torch.compile(eager, dynamic=False)
+        impls.append(("torch.compile(eager HF)", compiled))
+    return [(n, f) for n, f in impls if common.selected(args, n)]
+
+
+def qk_make_set(inputs: Inputs):
+    """Fresh q, k (bshd, requiring grad) and Qwen3-like norm weights (bf16, requiring grad)."""
+    (q, k), _ = inputs.make_set()
+    gen = inputs.generator
+    wq, wk = (norm_weight(inputs.shape.head_dim, 0.0, gen, inputs.device).to(inputs.dtype).requires_grad_()
+              for _ in range(2))
+    return (q, k, wq, wk), [q, k, wq, wk]
+
+
+def qk_reference(inputs: Inputs, args):
+    q, k, wq, wk = args
+    return tuple(ref.rope(qk_ref.rms_norm(x.float(), w.float(), QK_EPS), inputs.inv_freq, inputs.positions,
+                          dtype=torch.float32) for x, w in ((q, wq), (k, wk)))
+
+
+def serving_implementations(inputs: Inputs, device: torch.device, args) -> list:
+    """(name, fn(positions, q, k) -> (q, k)) for vLLM's in-place rotary_embedding signature ([T, H*D] views)."""
+    head, rot = inputs.shape.head_dim, inputs.shape.head_dim
+    cache = qk_ref.cos_sin_cache(inputs.inv_freq.cpu(), inputs.max_position, inputs.dtype).to(device)
+
+    def ours(backend):
+        def call(pos, q, k):
+            vllm_compat.rotary_embedding(pos, q, k, head, cache, True, backend=backend)
+            return q, k
+        return call
+
+    def ours_inv_freq(backend):
+        def call(pos, q, k):
+            vllm_compat.rotary_embedding_inv_freq(pos, q, k, head, inputs.inv_freq, True, backend=backend)
+            return q, k
+        return call
+
+    def native(pos, q, k):
+        """vLLM's RotaryEmbedding.forward_native arithmetic: gather, chunk, math in the model dtype, copy back."""
+        cos, sin = qk_ref.cache_cos_sin(cache, pos)
+        for x in (q, k):
+            x4 = x.unflatten(-1, (-1, head))
+            x1, x2 = x4[..., : rot // 2], x4[..., rot // 2 : rot]
+            c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+            x4[..., :rot].copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+        return q, k
+
+    impls = []
+    for backend in common.kernel_backends(device):
+        impls.append((f"ropewkv.compat.vllm.rotary_embedding[{backend}, {str(inputs.dtype)[6:]} cache]",
+                      ours(backend)))
+        impls.append((f"ropewkv.compat.vllm.rotary_embedding_inv_freq[{backend}]", ours_inv_freq(backend)))
+    impls.append(("eager vLLM forward_native", native))
+    vllm_op = common.peer("vllm._custom_ops", "rotary_embedding", device)
+    impls.append(("vLLM rotary_embedding", lambda pos, q, k: (vllm_op(pos, q, k, head, cache, True), q, k)[1:]))
+    flashinfer_op = common.peer("flashinfer", "apply_rope_with_cos_sin_cache_inplace", device)
+    fp32_cache = cache.float()
+    impls.append(("FlashInfer apply_rope_with_cos_sin_cache_inplace",
+                  lambda pos, q, k: (flashinfer_op(pos, q, k, head, fp32_cache, True), q, k)[1:]))
+    return [(n, f) for n, f in impls if common.selected(args, n)]
+
+
+def serving_make_set(inputs: Inputs):
+    """Fresh flat [T, H*D] q and k (vLLM's layout) and int64 positions [T]; no grad (serving is inference)."""
+    (q, k), _ = inputs.make_set()
+    flat = [x.detach().flatten(0, 1).flatten(-2) for x in (q, k)]
+    return (inputs.positions.flatten().to(torch.int64), *flat), []
+
+
+def serving_reference(inputs: Inputs, args):
+    pos, q, k = args
+    head = inputs.shape.head_dim
+    return tuple(ref.rope(x.unflatten(-1, (-1, head)).float(), inputs.inv_freq, pos, layout="thd",
+                          dtype=torch.float32).flatten(-2) for x in (q, k))
+
+
 def main(argv=None) -> int:
     session = common.Session("rope", "RoPE", __doc__.splitlines()[0], argv)
     device, args = session.device, session.args
@@ -170,6 +290,17 @@ def main(argv=None) -> int:
                 work = common.Work(fn, inputs.make_set, reference=reference)
                 session.measure(shape=shape_label, impl=name, work=work,
                                 bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize), host_call=host)
+        for name, fn in qk_implementations(inputs, device, args):
+            host = (lambda a, f=fn: (lambda: f(*a))) if shape.decode else None
+            work = common.Work(fn, lambda i=inputs: qk_make_set(i), reference=lambda a, i=inputs: qk_reference(i, a))
+            session.measure(shape=f"qk_norm_rope {label}", impl=name, work=work, host_call=host,
+                            bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize, 3 * numel * dtype.itemsize))
+        for name, fn in serving_implementations(inputs, device, args):
+            host = (lambda a, f=fn: (lambda: f(*a))) if shape.decode else None
+            work = common.Work(fn, lambda i=inputs: serving_make_set(i), modes=("fwd",),
+                               reference=lambda a, i=inputs: serving_reference(i, a))
+            session.measure(shape=f"serving {label}", impl=name, work=work, host_call=host,
+                            bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize))
     rows, copy_bps, env = session.rows, session.copy_bps, session.env
     columns = [c for k, title in common.MODE_TITLES for c in (
         (f"{k}_us", f"{title} µs", ".1f"), (f"{k}_GBps", f"{title} GB/s", ".0f"), (f"{k}_pct", "% copy", ".0f"))]
@@ -183,10 +314,20 @@ def main(argv=None) -> int:
              "host-bound wherever the host is slower than the GPU.",
              "Goals (reported, not asserted): >= 90% of copy at the training shapes; >= 1.2x the best peer; "
              "<= 15 µs host per call at decode; CPU twin >= 3x eager."]
+    notes.append("qk_norm_rope rows: bytes per fwd pass = 2*(numel q + numel k)*2 (one read, one write), per bwd pass "
+                 "3*(numel q + numel k)*2 (q, k and their cotangents read, dq and dk written); norm weights not "
+                 "counted. serving rows: fwd only, in place on vLLM's flat [T, H*D] layout, bf16 cos_sin_cache.")
     for shape in dict.fromkeys(r["shape"] for r in rows):
         for key in ("fwd_us", "fb_us"):
-            notes += common.speedups(rows, shape, key, "ropewkv.rope[", ["eager HF", "torch.compile", "Liger",
-                                                                         "flash-attn"])
+            if shape.startswith("qk_norm_rope"):
+                notes += common.speedups(rows, shape, key, "ropewkv.qk_norm_rope[",
+                                         ["eager HF", "torch.compile", "norm + ropewkv.rope"])
+            elif shape.startswith("serving"):
+                notes += common.speedups(rows, shape, key, "ropewkv.compat.vllm", ["eager vLLM", "vLLM rotary",
+                                                                                   "FlashInfer"])
+            else:
+                notes += common.speedups(rows, shape, key, "ropewkv.rope[", ["eager HF", "torch.compile", "Liger",
+                                                                             "flash-attn"])
 
     def plot(plt, path):
         common.bar_plot(plt, path, rows, "shape", "impl", "fb_pct", "fwd+bwd, % of copy bandwidth",

@@ -36,7 +36,7 @@ def test_patched_bf16_model_rotates_exactly_at_2_pow_20(arch, scaling):
     model = tiny_model(arch, dtype=torch.bfloat16, rope_parameters=SCALING[scaling])
     ids, positions = long_inputs(arch)
     hf_eager = model_rotation_error(model, ids, positions)
-    with ropewkv.patch.transformers(model):
+    with ropewkv.patch.transformers(model, qk_norm=False):
         ours = model_rotation_error(model, ids, positions)
     print(f"{arch} {scaling}: max error of the rotated q, k at positions ~2^20 (bf16 ulp at the pair norm): "
           f"HF eager {hf_eager:.2f}, ropewkv.patch.transformers {ours:.3f}")
@@ -54,7 +54,7 @@ def test_bf16_mode_keeps_hf_tables_at_long_positions(arch):
     with torch.no_grad():
         with recorded_rotations(model) as want:
             model(input_ids=ids, position_ids=positions, use_cache=False)
-        with ropewkv.patch.transformers(model, precision="bf16"), recorded_rotations(model) as got:
+        with ropewkv.patch.transformers(model, precision="bf16", qk_norm=False), recorded_rotations(model) as got:
             model(input_ids=ids, position_ids=positions, use_cache=False)
     assert len(got) == len(want) > 0
     for g, w in zip(got, want):
@@ -68,7 +68,7 @@ def test_generate_at_long_positions_uses_exact_angles():
     prompt = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(9))
     kwargs = dict(max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
     want = model.generate(prompt, position_ids=NEAR + torch.arange(6).view(1, 6), **kwargs)
-    with ropewkv.patch.transformers(model), recorded_rotations(model) as calls:
+    with ropewkv.patch.transformers(model, qk_norm=False), recorded_rotations(model) as calls:
         got = model.generate(prompt, position_ids=NEAR + torch.arange(6).view(1, 6), **kwargs)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert len(calls) == 2 * kwargs["max_new_tokens"]  # prefill + 3 decode steps, 2 layers

@@ -90,7 +90,7 @@ def test_fp32_logits_and_grads_match_unpatched(arch, device, count_calls):
     want_logits, want_grads = logits_and_grads(model, ids, positions)
     for backend in kernel_backends(device):
         count_calls.clear()
-        with ropewkv.patch.transformers(model, backend=backend):
+        with ropewkv.patch.transformers(model, qk_norm=False, backend=backend):
             got_logits, got_grads = logits_and_grads(model, ids, positions)
         assert len(count_calls) == LAYERS, "the model did not call ropewkv once per layer"
         scale = want_logits.abs().max()
@@ -113,7 +113,7 @@ def test_hf_tables_mode_is_bit_identical_in_fp32(arch, device, count_calls):
     want_logits, want_grads = logits_and_grads(model, ids, positions)
     for backend in kernel_backends(device):
         count_calls.clear()
-        with ropewkv.patch.transformers(model, precision="bf16", backend=backend):
+        with ropewkv.patch.transformers(model, precision="bf16", qk_norm=False, backend=backend):
             got_logits, got_grads = logits_and_grads(model, ids, positions)
         assert count_calls == ["bf16"] * LAYERS
         assert torch.equal(got_logits, want_logits), backend
@@ -133,7 +133,7 @@ def test_bf16_mode_is_bit_equal_to_hf_eager_bf16(arch, count_calls):
     positions = positions_for(arch, 2, 24)
     with torch.no_grad():
         want = model(input_ids=ids, position_ids=positions).logits
-        with ropewkv.patch.transformers(model, precision="bf16"):
+        with ropewkv.patch.transformers(model, precision="bf16", qk_norm=False):
             got = model(input_ids=ids, position_ids=positions).logits
     assert count_calls == ["bf16"] * LAYERS
     assert torch.equal(got, want)
@@ -145,7 +145,7 @@ def test_generate_with_kv_cache_gives_the_same_greedy_tokens(arch, count_calls):
     prompt = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(3))
     kwargs = dict(max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0)
     want = model.generate(prompt, **kwargs)
-    with ropewkv.patch.transformers():
+    with ropewkv.patch.transformers(qk_norm=False):
         got = model.generate(prompt, **kwargs)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     # one prefill plus a cached decode step per new token after the first, each calling RoPE once per layer

@@ -5,6 +5,7 @@ import torch
 
 from ropewkv.triton_kernels import _common
 from ropewkv.triton_kernels import decay as decay_kernels
+from ropewkv.triton_kernels import qk_norm_rope as qk_kernels
 from ropewkv.triton_kernels.rwkv7 import recurrent as rwkv7_kernels
 from triton_sm90 import captured_launches, ptx_for_sm90, run_without_interpreter
 
@@ -27,7 +28,24 @@ def wkv7_launches(decay, low_precision, with_state, varlen):
     rwkv7_kernels.wkv7_backward(r, r, r, r, r, r, cu, checkpoints, r, s0, [r] * 6, state, decay, low_precision)
 
 
+def qk_norm_rope_launches(source, interleaved, low_precision):
+    """Forward and backward of the fused QK-norm + RoPE with one cos/sin source (weights: Gemma-3's offset)."""
+    q, k = torch.empty(1, 3, 4, 80, dtype=torch.bfloat16), torch.empty(1, 3, 2, 80, dtype=torch.bfloat16)
+    w = torch.empty(80)
+    positions = torch.zeros(1, 3, dtype=torch.int64)
+    sources = {"angle": dict(inv_freq=torch.empty(32)),
+               "table": dict(cos=torch.empty(1, 3, 64), sin=torch.empty(1, 3, 64)),
+               "cache": dict(cache=torch.empty(10, 64), positions=positions)}[source]
+    args = dict(inv_freq=None, cos=None, sin=None, cache=None, positions=None, seqlen_offsets=None, cu_seqlens=None)
+    args.update(sources)
+    qk_kernels.forward(q, k, q, k, w, w, 1e-6, 1.0, *args.values(), 64, interleaved, 1.0, low_precision)
+    qk_kernels.backward(q, k, q, k, q, k, w, w, 1e-6, 1.0, *args.values(), 64, interleaved, 1.0)
+
+
 CASES = {
+    "qk_norm_rope angle bf16-mode": lambda: qk_norm_rope_launches("angle", False, True),
+    "qk_norm_rope table interleaved": lambda: qk_norm_rope_launches("table", True, False),
+    "qk_norm_rope cache": lambda: qk_norm_rope_launches("cache", False, False),
     "decay": decay_launches,
     "wkv7 loglog fp32": lambda: wkv7_launches("loglog", False, True, False),
     "wkv7 raw bf16 varlen": lambda: wkv7_launches("raw", True, False, True),

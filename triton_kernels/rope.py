@@ -72,6 +72,71 @@ def _mrope_row(i, section0, section1, section2, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
+def _token_position(token, b, s, i, pos_ptr, offset_ptr, cu_ptr, n_seqs, search_steps, pos_sr, pos_sb, pos_ss,
+                    section0, section1, section2, HAS_POSITIONS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                    HAS_CU: tl.constexpr, MROPE: tl.constexpr, MROPE_INTERLEAVED: tl.constexpr):
+    """The absolute position of token (b, s) (flat index `token`), as ropewkv.reference.rope.token_positions; with
+    M-RoPE, frequency i takes its position from row _mrope_row(i) of positions [3, B, S] (always given)."""
+    if HAS_CU:
+        # The sequence n with cu[n] <= token < cu[n+1]: binary search, invariant cu[lo] <= token < cu[hi].
+        lo = token * 0
+        hi = lo + n_seqs
+        for _ in range(search_steps):
+            mid = (lo + hi) // 2
+            right = tl.load(cu_ptr + mid).to(tl.int64) <= token
+            lo = tl.where(right, mid, lo)
+            hi = tl.where(right, hi, mid)
+        seq = lo
+        pos_offset = token * pos_ss
+    else:
+        seq = b
+        pos_offset = b * pos_sb + s * pos_ss
+    if HAS_POSITIONS:  # pos_ptr may be None otherwise
+        position = tl.load(pos_ptr + pos_offset).to(tl.int64)
+    elif HAS_CU:
+        position = token - tl.load(cu_ptr + seq).to(tl.int64)
+    else:
+        position = s
+    if MROPE:
+        row = _mrope_row(i, section0, section1, section2, MROPE_INTERLEAVED)
+        height = tl.load(pos_ptr + pos_offset + pos_sr).to(tl.int64)
+        width = tl.load(pos_ptr + pos_offset + 2 * pos_sr).to(tl.int64)
+        position = tl.where(row == 0, position, tl.where(row == 1, height, width))
+    if HAS_OFFSETS:
+        position += tl.load(offset_ptr + seq).to(tl.int64)
+    return position
+
+
+@triton.jit
+def _token_cos_sin(token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, offset_ptr, cu_ptr, cos_ptr, sin_ptr,
+                   n_seqs, search_steps, scaling, section0, section1, section2, pos_sr, pos_sb, pos_ss,
+                   cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+                   FROM_TABLE: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                   HAS_CU: tl.constexpr, MROPE: tl.constexpr, MROPE_INTERLEAVED: tl.constexpr,
+                   INTERPRETING: tl.constexpr):
+    """(cos1, sin1, cos2, sin2) in fp32 of the token's pairs i (dims off1, off2): from HF's tables, read at the
+    output dim of each element, or from the angle position * inv_freq[i] (then cos1 == cos2, sin1 == sin2)."""
+    if FROM_TABLE:
+        cos_tok = cos_ptr + b * cos_sb + s * cos_ss
+        sin_tok = sin_ptr + b * sin_sb + s * sin_ss
+        cos1 = tl.load(cos_tok + off1 * cos_sd, mask=half_mask).to(tl.float32)
+        cos2 = tl.load(cos_tok + off2 * cos_sd, mask=half_mask).to(tl.float32)
+        sin1 = tl.load(sin_tok + off1 * sin_sd, mask=half_mask).to(tl.float32)
+        sin2 = tl.load(sin_tok + off2 * sin_sd, mask=half_mask).to(tl.float32)
+    else:
+        position = _token_position(token, b, s, i, pos_ptr, offset_ptr, cu_ptr, n_seqs, search_steps, pos_sr, pos_sb,
+                                   pos_ss, section0, section1, section2, HAS_POSITIONS, HAS_OFFSETS, HAS_CU, MROPE,
+                                   MROPE_INTERLEAVED)
+        f = tl.load(freq_ptr + i, mask=half_mask, other=0.0)
+        r = _reduced_angle(position.to(tl.float32), f, INTERPRETING)
+        cos1 = tl.cos(r) * scaling
+        sin1 = tl.sin(r) * scaling
+        cos2 = cos1
+        sin2 = sin1
+    return cos1, sin1, cos2, sin2
+
+
+@triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_heads, cos1, sin1, cos2, sin2,
                   off1, off2, half_mask,
                   ROTARY_DIM: tl.constexpr, REST: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -135,54 +200,10 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, freq_ptr, pos_ptr, offset_ptr, cu
         off1 = i
         off2 = i + HALF
 
-    if FROM_TABLE:  # HF tables, read at the output dim of each element
-        cos_tok = cos_ptr + b * cos_sb + s * cos_ss
-        sin_tok = sin_ptr + b * sin_sb + s * sin_ss
-        cos1 = tl.load(cos_tok + off1 * cos_sd, mask=half_mask).to(tl.float32)
-        cos2 = tl.load(cos_tok + off2 * cos_sd, mask=half_mask).to(tl.float32)
-        sin1 = tl.load(sin_tok + off1 * sin_sd, mask=half_mask).to(tl.float32)
-        sin2 = tl.load(sin_tok + off2 * sin_sd, mask=half_mask).to(tl.float32)
-    else:
-        if HAS_CU:
-            # The sequence n with cu[n] <= token < cu[n+1]: binary search, invariant cu[lo] <= token < cu[hi].
-            lo = token * 0
-            hi = lo + n_seqs
-            for _ in range(search_steps):
-                mid = (lo + hi) // 2
-                right = tl.load(cu_ptr + mid).to(tl.int64) <= token
-                lo = tl.where(right, mid, lo)
-                hi = tl.where(right, hi, mid)
-            if HAS_POSITIONS:
-                token_pos_ptr = pos_ptr + token * pos_ss
-                position = tl.load(token_pos_ptr).to(tl.int64)
-            else:
-                position = token - tl.load(cu_ptr + lo).to(tl.int64)
-            if HAS_OFFSETS:
-                offset = tl.load(offset_ptr + lo).to(tl.int64)
-            else:
-                offset = 0
-        else:
-            if HAS_POSITIONS:
-                token_pos_ptr = pos_ptr + b * pos_sb + s * pos_ss
-                position = tl.load(token_pos_ptr).to(tl.int64)
-            else:
-                position = s
-            if HAS_OFFSETS:
-                offset = tl.load(offset_ptr + b).to(tl.int64)
-            else:
-                offset = 0
-        if MROPE:  # frequency i takes its position from row _mrope_row(i) of positions [3, B, S] (always given)
-            row = _mrope_row(i, section0, section1, section2, MROPE_INTERLEAVED)
-            height = tl.load(token_pos_ptr + pos_sr).to(tl.int64)
-            width = tl.load(token_pos_ptr + 2 * pos_sr).to(tl.int64)
-            position = tl.where(row == 0, position, tl.where(row == 1, height, width))
-        position += offset
-        f = tl.load(freq_ptr + i, mask=half_mask, other=0.0)
-        r = _reduced_angle(position.to(tl.float32), f, INTERPRETING)
-        cos1 = tl.cos(r) * scaling
-        sin1 = tl.sin(r) * scaling
-        cos2 = cos1
-        sin2 = sin1
+    cos1, sin1, cos2, sin2 = _token_cos_sin(
+        token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, offset_ptr, cu_ptr, cos_ptr, sin_ptr, n_seqs,
+        search_steps, scaling, section0, section1, section2, pos_sr, pos_sb, pos_ss, cos_sb, cos_ss, cos_sd, sin_sb,
+        sin_ss, sin_sd, FROM_TABLE, HAS_POSITIONS, HAS_OFFSETS, HAS_CU, MROPE, MROPE_INTERLEAVED, INTERPRETING)
     if CONJUGATE:  # the transpose of the rotation (backward pass): for tables with unequal halves the two sines
         sin1, sin2 = -sin2, -sin1  # also trade places; for an angle this is the inverse rotation, sin -> -sin
 

@@ -7,6 +7,7 @@ from . import compat, distributed, nn, patch
 from ._backend import BackendUnavailableError, available_backends, build_precision
 from .nn import RotaryEmbedding
 from .ops.decay import rwkv7_log_decay
+from .ops.qk_norm_rope import qk_norm_rope
 from .ops.rope import apply_rotary_pos_emb, rope
 from .ops.rwkv7 import wkv7, wkv7_step
 
@@ -22,6 +23,7 @@ __all__ = [
     "distributed",
     "nn",
     "patch",
+    "qk_norm_rope",
     "rope",
     "rwkv7_log_decay",
     "wkv7",

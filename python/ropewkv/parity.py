@@ -10,7 +10,7 @@ from ._backend import best_device
 from .testing import MEASUREMENT_COLUMNS
 
 # Each module ropewkv.testing.<family> provides parity_rows(device) -> Iterable[Measurement].
-FAMILIES = ("decay", "rope", "rwkv7")
+FAMILIES = ("decay", "rope", "qk_norm_rope", "rwkv7")
 
 
 def parity_rows(device: torch.device):

@@ -28,6 +28,7 @@ import torch
 from .. import _backend
 from ..reference import rope as reference
 from ..reference.rope import hf_apply_rotary_pos_emb
+from . import _hf_qk_norm
 from ._handle import PatchHandle
 
 # Architectures whose apply_rotary_pos_emb is HF's q*cos + rotate_half(q)*sin (full or, for gpt_neox/phi3,
@@ -170,7 +171,8 @@ def _candidate_modules(model_or_module, handle: PatchHandle) -> list[types.Modul
 
 
 def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType] = None, rope: bool = True,
-                 rwkv7: bool = True, precision: Optional[str] = None, *, backend: str = "auto") -> PatchHandle:
+                 rwkv7: bool = True, precision: Optional[str] = None, *, qk_norm: bool = True,
+                 backend: str = "auto") -> PatchHandle:
     """Make HF transformers models call ropewkv's fused RoPE.
 
     Args:
@@ -192,12 +194,16 @@ def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType]
         precision: None (the build default, "fp32") or "fp32": exact angles end to end: fp32 tables of exact angles
             from the swapped rotary modules, fp32 math, one rounding to q's dtype (0.5 ulp in a bf16 model, at any
             position). "bf16": HF's own tables and HF's eager arithmetic in the model's dtype, bit for bit.
+        qk_norm: with rope, also fuse q_norm / k_norm with RoPE in Qwen3 / Qwen3-MoE attention (ropewkv.qk_norm_rope;
+            one pass over q and k instead of three). False: those models call the swapped apply_rotary_pos_emb.
         backend: passed to every call ("auto": cuda, then triton, for CUDA tensors; cpu for CPU tensors).
     Returns:
         a PatchHandle (undo(), or use it as a context manager). Autograd, KV-cache generate() and
         torch.compile(fullgraph=True) keep working: the replacement is a custom op with autograd and a fake kernel.
     """
     handle = PatchHandle()
+    if rope and qk_norm:
+        _hf_qk_norm.patch_qk_norm(model_or_module, handle, precision, backend)  # Qwen3: q/k norm + RoPE fused
     if rope:
         replacement = _hf_replacement(precision, backend)
         exact_tables = _backend.resolve_precision(precision) == "fp32"

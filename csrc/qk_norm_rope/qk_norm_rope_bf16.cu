@@ -1,0 +1,14 @@
+// Fused QK-RMSNorm + RoPE CUDA kernels for bf16 I/O (one file per dtype so the builds run in parallel).
+#include "qk_norm_rope_kernel.cuh"
+
+namespace ropewkv::cuda {
+
+cudaError_t qk_norm_rope_forward_bf16(const qk_norm_rope::Params& p, Precision precision, cudaStream_t stream) {
+  return qk::forward_launch<bf16_t>(p, precision, stream);
+}
+
+cudaError_t qk_norm_rope_backward_bf16(const qk_norm_rope::Params& p, cudaStream_t stream) {
+  return qk::backward_launch<bf16_t>(p, stream);
+}
+
+}  // namespace ropewkv::cuda
