@@ -87,12 +87,17 @@ def test_sixteen_byte_check_fails_on_narrow_accesses(test_kernels):
 @needs_nvcc
 def test_spill_check_fails_on_new_spills(test_kernels):
     narrow, wide = test_kernels["narrow_and_spilling"], test_kernels["wide_copy"]
-    clean = {"kernels": [{"key": k.key, "spill_stores": 0, "spill_loads": 0} for k in (narrow, wide)]}
-    failures = report.spill_failures([narrow, wide], clean)
+    toolchain = {"nvcc": "13.0.88", "triton": "3.7.1"}
+    clean = {**toolchain, "kernels": [{"key": k.key, "spill_stores": 0, "spill_loads": 0} for k in (narrow, wide)]}
+    twins = report.compared_twins(clean, toolchain)
+    assert twins == ["cuda", "triton"]
+    failures = report.spill_failures([narrow, wide], clean, twins)
     assert len(failures) == 1 and failures[0].startswith(narrow.key) and "none in the baseline" in failures[0]
-    assert "new kernel" in report.spill_failures([narrow], {"kernels": []})[0]
+    assert "new kernel" in report.spill_failures([narrow], {"kernels": []}, twins)[0]
     known = {"kernels": [{"key": narrow.key, "spill_stores": 8, "spill_loads": 8}]}
-    assert report.spill_failures([narrow, wide], known) == []
+    assert report.spill_failures([narrow, wide], known, twins) == []
+    # A baseline from another nvcc is not compared with (its register allocation differs).
+    assert report.compared_twins(dict(clean, nvcc="12.8.93"), toolchain) == ["triton"]
 
 
 def test_readable_cuda_names():

@@ -34,7 +34,9 @@ def _header() -> dict:
     from triton import knobs
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return {"date": datetime.date.today().isoformat(), "commit": commit.stdout.strip(), "nvcc": _version(cuda.nvcc()),
+    edited = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "csrc", "triton_kernels", "tools"], cwd=ROOT)
+    commit = commit.stdout.strip() + (" with uncommitted changes to the kernels or the tool" if edited.returncode else "")
+    return {"date": datetime.date.today().isoformat(), "commit": commit, "nvcc": _version(cuda.nvcc()),
             "triton": triton.__version__, "triton_ptxas": _version(knobs.nvidia.ptxas.path)}
 
 
@@ -58,16 +60,20 @@ def main(argv=None) -> int:
     compiled.sort(key=lambda k: (k.twin, k.key))
     predictions = [model.predict(kernel, workload) for workload in model.WORKLOADS
                    for kernel in model.kernels_of(workload, compiled)]
-    baseline = {"kernels": []}
+    header = _header()
+    baseline = {"kernels": [], **{tool: header[tool] for tool in ("nvcc", "triton")}}
     if os.path.exists(args.baseline):
         with open(args.baseline) as f:
             baseline = json.load(f)
     else:
         print(f"static-report: no baseline at {args.baseline}: every spilling kernel counts as new", file=sys.stderr)
-    checks = {"no kernel spills that did not in the baseline": report.spill_failures(compiled, baseline),
+    twins = report.compared_twins(baseline, header)
+    uncompared = [f"{twin} not compared: baseline built by {tool} {baseline.get(tool)}"
+                  for twin, tool in report.COMPILERS if twin not in twins]
+    spills = "no kernel spills that did not in the baseline" + (f" ({'; '.join(uncompared)})" if uncompared else "")
+    checks = {spills: report.spill_failures(compiled, baseline, twins),
               "RoPE hot loops move 16-byte vectors": report.sixteen_byte_failures(
                   [k for k in compiled if report.is_rope(k)])}
-    header = _header()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "static-sm90a.md"), "w") as f:
         f.write(report.markdown(compiled, predictions, header, checks))

@@ -122,7 +122,7 @@ class Block:
 
 
 @dataclass
-class Loop:
+class NaturalLoop:
     header: int
     blocks: set[int]
     innermost: bool = True
@@ -180,9 +180,9 @@ class ControlFlow:
                     dominators[b], changed = new, True
         return dominators
 
-    def _natural_loops(self) -> list[Loop]:
+    def _natural_loops(self) -> list[NaturalLoop]:
         dominators = self._dominators()
-        loops: dict[int, Loop] = {}
+        loops: dict[int, NaturalLoop] = {}
         for tail in self.reachable:
             for header in self.blocks[tail].successors:
                 if header in dominators[tail]:  # a back edge tail -> header: the body reaches tail avoiding header
@@ -192,8 +192,8 @@ class ControlFlow:
                             if p not in body:
                                 body.add(p)
                                 stack.append(p)
-                    loops.setdefault(header, Loop(header, set(), address=self.blocks[header].instructions[0].address))
-                    loops[header].blocks |= body
+                    address = self.blocks[header].instructions[0].address
+                    loops.setdefault(header, NaturalLoop(header, set(), address=address)).blocks |= body
         for loop in loops.values():
             loop.innermost = not any(other.header in loop.blocks for other in loops.values() if other is not loop)
         return sorted(loops.values(), key=lambda loop: loop.header)
@@ -216,7 +216,7 @@ class ControlFlow:
             self._callee_cost[address] = min(callee.paths().values(), key=lambda p: p.instructions)
         return self._callee_cost[address]
 
-    def paths(self, loop: Loop | None = None) -> dict[int, Path]:
+    def paths(self, loop: NaturalLoop | None = None) -> dict[int, Path]:
         """{global bytes stored per thread: the path with the fewest instructions storing them} over one iteration of
         an innermost `loop` (header to a block that branches back), or, without one, from the entry to an EXIT/RET
         with each loop body taken at most once."""
