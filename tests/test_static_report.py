@@ -4,7 +4,7 @@ The SASS reader is tested on hand-written cuobjdump text (no toolkit needed); th
 tests/data/static_report_kernels.cu with nvcc (2-byte accesses and forced spills, against a 16-byte copy), and the
 Triton RoPE kernels (Triton's own ptxas, no nvcc needed).
 """
-import shutil
+import os
 
 import pytest
 
@@ -12,12 +12,13 @@ from ropewkv.triton_kernels import _common
 from tools.static_report import cuda, kernels, report, sass
 from triton_sm90 import run_without_interpreter
 
-ROOT = report.__file__.rsplit("/tools/", 1)[0]
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: the CUDA half of the static "
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_nvcc = pytest.mark.skipif(cuda.nvcc() is None, reason="nvcc not found: the CUDA half of the static "
                                 "report cannot run here (CI and the GPU machine have it)")
 
-# One loop (0x40-0xd0) that either rotates (2 loads, 2 stores) or copies (1 load, 1 store), with a 64-bit division
-# whose slow path is a CALL to out-of-line code after EXIT; a trailing self-branch, as nvcc pads every function.
+# One loop (0x40-0xf0) whose iteration makes or skips a 2-byte copy beside its 16-byte accesses, with a 64-bit
+# division whose slow path is a CALL to out-of-line code after EXIT; a trailing self-branch, as nvcc pads every
+# function.
 SASS = """
         Function : kernel
         /*0000*/                   MOV R1, c[0x0][0x28] ;
