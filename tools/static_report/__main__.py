@@ -1,8 +1,8 @@
 """python -m tools.static_report [--out DIR] [--baseline JSON] [--check] [--jobs N]   (from the repository root)
 
 Compiles every CUDA and Triton kernel for sm_90a (nothing cached: each .cu and each Triton entry is compiled afresh,
-in parallel), writes static-sm90a.md and static-sm90a.json to --out, and with --check fails (exit 1) if a kernel
-spills that did not in --baseline, or a RoPE hot loop does not move 16-byte vectors (report.NOT_YET_16_BYTE aside).
+in parallel), prints the report and writes it to --out (static-sm90a.md and .json). With --check it fails (exit 1) if
+a kernel spills that did not in --baseline, or a RoPE hot loop does not move 16-byte vectors (NOT_YET_16_BYTE aside).
 Refresh the committed report with `python -m tools.static_report --out benchmarks/results`.
 """
 from __future__ import annotations
@@ -74,9 +74,11 @@ def main(argv=None) -> int:
     checks = {spills: report.spill_failures(compiled, baseline, twins),
               "RoPE hot loops move 16-byte vectors": report.sixteen_byte_failures(
                   [k for k in compiled if report.is_rope(k)])}
+    text = report.markdown(compiled, predictions, header, checks)
+    print(text)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "static-sm90a.md"), "w") as f:
-        f.write(report.markdown(compiled, predictions, header, checks))
+        f.write(text)
     with open(os.path.join(args.out, "static-sm90a.json"), "w") as f:
         f.write(report.to_json(compiled, predictions, header, checks))
     failures = [failure for found in checks.values() for failure in found]
