@@ -1,7 +1,8 @@
 # make test: set up .venv, build, run every test (Triton interpreted when there is no GPU) and the nvcc compile check.
 # make demo: set up, build, and run the main job on the best device present.
 SHELL := /bin/bash
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# PYTHON: the interpreter the venv is made from; empty lets tools/setup_venv.sh pick one (a python with torch first).
+PYTHON ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 BUILD := $(CURDIR)/build
@@ -17,6 +18,8 @@ export PYTHONUNBUFFERED := 1
 HAS_GPU = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))")
 # The Triton twin runs under the interpreter where no GPU is present.
 TEST_ENV = $(if $(filter 1,$(HAS_GPU)),,TRITON_INTERPRET=1)
+# Where nvidia-smi sees a GPU, a torch that does not is an error (tests/conftest.py stops), not a CPU run.
+export ROPEWKV_EXPECT_GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: test demo setup build pytest cuda-check static-report parity clean
 
@@ -27,10 +30,11 @@ demo: build
 
 setup:
 	@mkdir -p $(TMPDIR)
-	tools/setup_venv.sh $(PYTHON) $(VENV)
+	tools/setup_venv.sh $(VENV) $(PYTHON)
 
 build: setup
 	$(PY) -m pip install -q -e . --no-build-isolation --no-deps
+	tools/source_hash.sh >$(BUILD)/source.hash
 
 pytest: build
 	$(TEST_ENV) $(PY) -m pytest tests -q

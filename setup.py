@@ -7,14 +7,59 @@ Environment:
   ROPEWKV_CPU_ARCH=native the -march of the CPU twin (default native: it is built where it runs). Set a portable
                           target (e.g. x86-64-v3) to run the build on other machines, or empty for the compiler's
                           baseline.
+  CUDA_HOME               the CUDA toolkit; default: the one the nvcc on PATH belongs to, also behind a wrapper script.
+  TORCH_CUDA_ARCH_LIST    the GPU architectures; default: the visible GPUs', else DEFAULT_CUDA_ARCHS.
 """
 import glob
 import os
+import re
 import shutil
+import subprocess
 
+import setuptools
 from setuptools import find_packages, setup
 
-from torch.utils import cpp_extension
+MIN_TORCH = "2.7"  # also python/ropewkv/_backend.py and the README
+# Built where no GPU is visible (a build machine, CI): Ampere and Hopper; the PTX of 8.0 lets newer GPUs JIT it.
+DEFAULT_CUDA_ARCHS = "8.0+PTX;9.0a"
+
+
+def _toolkit_of_nvcc():
+    """The toolkit folder of the nvcc on PATH. torch guesses nvcc's parent folder, wrong where nvcc is a wrapper script
+    (/usr/local/bin/nvcc exec'ing /usr/local/cuda-13.0/bin/nvcc): nvcc -dryrun names its own folder (_HERE_)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        dryrun = subprocess.run([nvcc, "-dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                                capture_output=True, text=True, timeout=60).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    here = re.search(r"^#\$ _HERE_=(.+)$", dryrun, flags=re.M)
+    return os.path.dirname(os.path.realpath(here.group(1).strip())) if here else None
+
+
+def _bdist_wheel_available():
+    """Editable installs need bdist_wheel: setuptools >= 70.1 has it, older ones only with the wheel package."""
+    major, minor = (int(x) for x in re.findall(r"\d+", setuptools.__version__)[:2])
+    if (major, minor) >= (70, 1):
+        return True
+    try:
+        import wheel  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if not _bdist_wheel_available():
+    raise SystemExit(f"setuptools {setuptools.__version__} builds editable installs only with the `wheel` package: "
+                     "pip install wheel (or setuptools>=70.1)")
+if not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
+    toolkit = _toolkit_of_nvcc()
+    if toolkit:
+        os.environ["CUDA_HOME"] = toolkit  # read when torch.utils.cpp_extension is imported, just below
+
+from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = os.path.join(ROOT, "csrc", "include")
@@ -67,6 +112,10 @@ ext_modules = [
     )
 ]
 if _cuda_wanted():
+    import torch
+
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS  # torch's own default is empty then (IndexError)
     ext_modules.append(
         cpp_extension.CUDAExtension(
             "ropewkv._C_cuda",
@@ -84,9 +133,11 @@ setup(
     version="0.1.0",
     description="Precise fused RoPE and RWKV-7 kernels for PyTorch (Triton, CUDA, CPU)",
     package_dir={"": "python", "ropewkv.triton_kernels": "triton_kernels"},
+    package_data={"ropewkv.hub.rotary": ["metadata.json"]},  # the kernel-hub layout kernels' loader reads
     packages=find_packages("python") + ["ropewkv.triton_kernels"]
     + ["ropewkv.triton_kernels." + name for name in find_packages("triton_kernels")],
     ext_modules=ext_modules,
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     python_requires=">=3.10",
+    install_requires=[f"torch>={MIN_TORCH}"],
 )

@@ -51,6 +51,10 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="time the torch.compile baselines (default: on CUDA only; compiling on a CPU takes minutes)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile baselines")
     p.add_argument("--only", default=None, help="comma-separated substrings: run only implementations matching one")
+    p.add_argument("--shapes", default=None, help="comma-separated substrings: run only shapes whose label matches one")
+    p.add_argument("--append", action="store_true",
+                   help="keep the rows already in <out>/<name>.json and measure only the (shape, impl) pairs it "
+                        "lacks: one report from several runs (benchmarks/gpu_session.sh orders rows by priority)")
     return p
 
 
@@ -72,8 +76,13 @@ def kernel_backends(device: torch.device) -> list:
             if b != "reference" and not (b == "triton" and device.type == "cpu")]
 
 
+def matches(substrings: Optional[str], name: str) -> bool:
+    """Whether `name` contains one of the comma-separated `substrings` (None: everything matches)."""
+    return substrings is None or any(s and s in name for s in substrings.split(","))
+
+
 def selected(args, impl_name: str) -> bool:
-    return args.only is None or any(s and s in impl_name for s in args.only.split(","))
+    return matches(args.only, impl_name)
 
 
 # --------------------------------------------------------------------------------------------------- errors
@@ -485,10 +494,20 @@ class Session:
         self.copy_bps = copy_bandwidth(self.device, self.args.quick)
         self.env = environment(self.device, self.copy_bps)
         self.rows: list = []
+        previous = os.path.join(self.args.out or "", f"{self.name}.json")
+        if self.args.append and self.args.out and os.path.exists(previous):
+            with open(previous) as f:
+                self.rows = json.load(f)["rows"]
 
-    def measure(self, **kwargs) -> dict:
+    def measure(self, **kwargs) -> Optional[dict]:
         """common.measure, then the rows so far to <name>.json ("complete": false), so a run cut short by a
-        timeout still leaves its numbers."""
+        timeout still leaves its numbers. Shapes not selected by --shapes, and rows already there (--append),
+        are skipped."""
+        if not matches(self.args.shapes, kwargs["shape"]):
+            return None
+        done = [r for r in self.rows if (r["shape"], r["impl"]) == (kwargs["shape"], kwargs["impl"])]
+        if done:
+            return done[0]
         row = measure(self, **kwargs)
         if self.args.out:
             write_json(self.args.out, self.name, self.env, self.rows, complete=False)

@@ -11,6 +11,7 @@
 # Logs go to $OUT (default build/gpu-checks): gpu_checks.log (steps 1-2 and the summary) and sanitizer_edges.log
 # (step 3, one "ERROR SUMMARY" line per tool). Exit status: 0 when every step passed.
 # Knobs: CHECKS (comma list of edges,reliability,memcheck,racecheck,initcheck,synccheck; default all), PYTHON.
+# Time limits per step: 150 s edges, 120 s reliability, 60 s per sanitizer (510 s in all, inside one device call).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build/gpu-checks}
@@ -23,12 +24,15 @@ unset TRITON_INTERPRET
 export PYTHONUNBUFFERED=1
 FAILED=()
 
-run() {  # run NAME LOGFILE COMMAND...: only when NAME is in CHECKS
-    local name=$1 log=$2
-    shift 2
+# run NAME LIMIT_S LOGFILE COMMAND...: only when NAME is in CHECKS, killed after LIMIT_S so that one slow step cannot
+# eat the summary.
+run() {
+    local name=$1 limit=$2 log=$3 rc=0
+    shift 3
     [[ ",$CHECKS," == *",$name,"* ]] || return 0
-    echo "=== $name: $*" | tee -a "$LOG" >>"$log"
-    "$@" >>"$log" 2>&1 || FAILED+=("$name")
+    echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG" >>"$log"
+    timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1 || rc=$?
+    if ((rc == 124 || rc == 137)); then FAILED+=("$name (timeout at ${limit}s)"); elif ((rc)); then FAILED+=("$name"); fi
     echo "=== $name: done (${#FAILED[@]} failed so far)" | tee -a "$LOG"
 }
 
@@ -36,13 +40,13 @@ run() {  # run NAME LOGFILE COMMAND...: only when NAME is in CHECKS
     >>"$LOG" 2>&1 || { echo "gpu_checks.sh: no CUDA device (see $LOG)"; exit 2; }
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
-run edges "$LOG" "${PYTEST[@]}" tests/gpu_edge_cases.py
-run reliability "$LOG" "${PYTEST[@]}" tests/test_bad_input.py tests/test_determinism.py
+run edges 150 "$LOG" "${PYTEST[@]}" tests/gpu_edge_cases.py
+run reliability 120 "$LOG" "${PYTEST[@]}" tests/test_bad_input.py tests/test_determinism.py
 
 # PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor its own cudaMalloc, so that an out-of-bounds access is not hidden
 # inside a larger cached block. Only the CUDA twin: the Triton twin's tests select "triton".
 for tool in memcheck racecheck initcheck synccheck; do
-    run "$tool" "$SANLOG" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    run "$tool" 60 "$SANLOG" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
         --print-limit 20 --target-processes all "${PYTEST[@]}" -x tests/gpu_edge_cases.py \
         tests/test_bad_input.py -k "(cuda and not past_2_31) or zero or empty or nan or inf"
 done

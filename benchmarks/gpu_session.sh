@@ -1,68 +1,80 @@
 #!/usr/bin/env bash
-# One whole GPU session in one device call, run from the repo root on the lent machine:
-#   env -> install carried peer wheels (.whl/) -> build ropewkv with CUDA -> GPU test suite -> parity ->
-#   RoPE and RWKV-7 benchmarks -> compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over the CUDA tests.
-# Every step has its own timeout and the whole script a deadline (TOTAL_S, default 540 s, inside the tool's 600 s):
-# a step that would not fit is skipped and says so. Results land flat in $OUT (at most 8 files come back):
-#   session.log (every step's output), sanitizer.log, rope.{json,md,png}, rwkv7.{json,md,png}; a benchmark cut
-#   short by its timeout still leaves its rows so far in <name>.json ("complete": false).
-# The summary (one line per step, the speed-up notes, the parity count) is printed last.
+# One GPU session per device call, planned so that the call always returns with its numbers, from the repo root:
+#   run(command="ROPEWKV_COMMIT=<sha> bash benchmarks/gpu_session.sh", carry=[".whl"], timeout_s=600)
 #
-# Knobs (environment): STEPS (comma list, default all, in the order below), TOTAL_S, PLOT=0 to skip the PNGs,
-# BENCH_ARGS (extra args for both benchmarks, e.g. --quick), SAN_K (pytest -k for the sanitizers; pytest's rc 5
-# means no test matched it), ROPEWKV_COMMIT (the commit to print in the tables: the copy may have no .git),
-# TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only, half the compile time of a multi-arch build).
-# Typical use, three calls while the machine stays warm (later ones reuse the built python/ropewkv/_C_cuda*.so):
-#   1) bash benchmarks/gpu_session.sh                              (sanitizers run only if time is left)
-#   2) STEPS=env,wheels,build,memcheck,racecheck,initcheck,synccheck bash benchmarks/gpu_session.sh
-#   3) STEPS=env,build,checks bash benchmarks/gpu_session.sh      (benchmarks/gpu_checks.sh: edge shapes, the
-#      reliability tests on the GPU and the sanitizers over them; not in the default STEPS: $OUT holds 8 files)
+# PLAN=main (default), in priority order: env -> wheels -> build (asserts the `cuda` backend loaded) -> parity on cuda
+#   and triton -> RWKV-7 decode and log-decay rows -> RoPE training-shape rows (ropewkv, eager HF, Liger) -> host
+#   overhead at decode -> the other WKV7 rows (the long ones last) -> the other RoPE rows -> pytest, one step per test
+#   file (tests/test_*.py: a new file is picked up), each under pytest-timeout.
+# PLAN=tests: env -> wheels -> build -> the pytest steps alone (a second call, when the first ran out of time for them).
+# PLAN=sanitize: env -> build -> compute-sanitizer memcheck, racecheck, initcheck, synccheck over SAN_TESTS (a handful
+#   of small named tests that reach every CUDA kernel). A second call: the build is reused while the machine is warm.
+# PLAN=checks: env -> build -> benchmarks/gpu_checks.sh (edge shapes, reliability tests, sanitizers over them).
+#
+# The time plan: each step has a budget (seconds, measured in benchmarks/NOTES.md); a step runs under
+# min(budget, time left before TOTAL_S), is killed at that limit, and the steps after it still run while time is left,
+# else show as "skipped (out of time)". The plan is printed first and the summary last, one line per step.
+# Rebuilds happen only when tools/source_hash.sh (csrc/, setup.py, build switches) differs from build/source.hash.
+#
+# $OUT gets at most 8 files (the device tool's limit): session.log (every step's output, the summary last),
+# results.md (the benchmark tables and the summary: benchmarks/results/ material), rope.json, rwkv7.json,
+# host_overhead.json, rope.png, rwkv7.png; checks adds gpu_checks.log and sanitizer_edges.log.
+# A benchmark cut short keeps its rows so far in its .json ("complete": false).
+#
+# Knobs (environment): PLAN, STEPS (comma list: only these steps of the plan), TOTAL_S (default 540, inside the tool's
+# 600 s), DEVICE (cuda; cpu: a dry run of the same plumbing on a machine without a GPU, as tests/test_gpu_session.py
+# runs it), TESTS (test files, default tests/test_*.py), TEST_TIMEOUT_S (per test, default 120), BENCH_ARGS (extra
+# arguments for every benchmark, e.g. --quick), PLOT=0 (no PNGs), PYTHON (default python3), ROPEWKV_COMMIT (the
+# commit printed in the tables: the copy may have no .git), TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT=${OUT:-$ROOT/build/gpu-session}
-mkdir -p "$OUT" "$ROOT/build/tmp"
-ALL=env,wheels,build,test,parity,rope,rwkv7,memcheck,racecheck,initcheck,synccheck
-STEPS=${STEPS:-$ALL}
+OUT=${OUT:-$ROOT/build/gpu-session/out}
+WORK=$ROOT/build/gpu-session/work  # the benchmarks' own files; published to $OUT after every step
+rm -rf "$WORK"
+mkdir -p "$OUT" "$WORK" "$ROOT/build/tmp"
+PLAN=${PLAN:-main}
+DEVICE=${DEVICE:-cuda}
 TOTAL_S=${TOTAL_S:-540}
 DEADLINE=$((SECONDS + TOTAL_S))
 LOG=$OUT/session.log
-SANLOG=$OUT/sanitizer.log
 PY=${PYTHON:-python3}
-PLOT_ARG=$([[ ${PLOT:-1} == 1 ]] && echo --plot)
-SAN_K=${SAN_K:-cuda and not triton and not compile}
-DEVICE=${DEVICE:-cuda}  # cpu: a dry run of the script's plumbing on a machine without a GPU
-export PY SAN_K DEVICE PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
+read -r -a BENCH <<<"--device $DEVICE --out $WORK $([[ ${PLOT:-1} == 1 ]] && echo --plot) ${BENCH_ARGS:-}"
+SAN_TESTS=(
+    "tests/test_rope.py::test_layouts_styles_views_without_copy[True-thd]"
+    "tests/test_rope.py::test_gqa_mqa_and_q_only_match_separate_calls"
+    "tests/test_rope.py::test_cos_sin_backward_is_the_transpose_on_every_twin"
+    "tests/test_wkv7.py::test_sequence_lengths[17]"
+    "tests/test_wkv7.py::test_varlen_uneven[True]"
+    "tests/test_wkv7.py::test_head_sizes[128]"
+    "tests/test_wkv7.py::test_step_equals_one_token_and_updates_in_place[loglog]"
+    "tests/test_decay.py::test_non_contiguous_and_empty"
+)
+export PY DEVICE WORK OUT PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export TMPDIR=$ROOT/build/tmp TRITON_CACHE_DIR=$ROOT/build/triton TORCHINDUCTOR_CACHE_DIR=$ROOT/build/inductor
-unset TRITON_INTERPRET  # real Triton on the GPU
-SUMMARY=()
+unset TRITON_INTERPRET  # real Triton on the GPU (and no Triton twin in the CPU dry run)
+if [[ $DEVICE == cuda ]]; then
+    export ROPEWKV_CUDA=1 ROPEWKV_EXPECT_GPU=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+    EXPECTED_BACKEND=cuda
+else
+    EXPECTED_BACKEND=cpu
+fi
+if [[ -d /tmp/site ]]; then export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; fi
 
-# step NAME BUDGET_S LOGFILE COMMAND...: run if NAME is in STEPS and time is left, under min(budget, time left).
-step() {
-    local name=$1 budget=$2 log=$3
-    shift 3
-    if [[ ",$STEPS," != *",$name,"* ]]; then return 0; fi
-    local left=$((DEADLINE - SECONDS - 10))
-    local limit=$((budget < left ? budget : left))
-    if ((limit < 15)); then SUMMARY+=("$name: skipped (out of time)"); return 0; fi
-    echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG"
-    [[ $log == "$LOG" ]] || echo "=== $name: $*" >>"$log"
-    local start=$SECONDS rc=0
-    timeout --kill-after=10 "$limit" bash -c '"$@"' bash "$@" >>"$log" 2>&1 || rc=$?  # bash: runs functions too
-    local status=ok
-    if ((rc == 124 || rc == 137)); then status="TIMEOUT at ${limit}s"; elif ((rc)); then status="FAIL (rc $rc)"; fi
-    SUMMARY+=("$name: $status in $((SECONDS - start))s")
-    echo "=== $name: $status" | tee -a "$LOG"
-}
-
+# ---- the steps -------------------------------------------------------------------------------------------------------
 environment() {
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-    nvcc --version | tail -2
-    compute-sanitizer --version | head -2
+    if [[ $DEVICE == cuda ]]; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+        nvcc --version | tail -2
+    fi
     "$PY" -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda,
 triton.__version__, torch.cuda.is_available() and torch.cuda.get_device_properties(0))"
     git log --oneline -1 2>/dev/null || true
+    if [[ $DEVICE == cuda ]] && ! "$PY" -c "import torch; assert torch.cuda.is_available()"; then
+        echo "DEVICE=cuda but torch sees no GPU: stopping (a CPU run would fail everywhere for the wrong reason)"
+        return 3
+    fi
 }
 
 install_wheels() {
@@ -72,50 +84,134 @@ install_wheels() {
 }
 
 build() {
-    local so
-    so=$(ls python/ropewkv/_C_cuda*.so 2>/dev/null | head -1)
-    if [[ $DEVICE == cuda && -n $so && -z $(find csrc setup.py -newer "$so" -print -quit) ]] &&
-        "$PY" -c "import ropewkv._C_cuda"; then
-        echo "build up to date ($so newer than csrc/ and setup.py): not rebuilt"
-        return 0
+    local want have
+    want=$(tools/source_hash.sh)
+    have=$(cat build/source.hash 2>/dev/null || true)
+    if [[ $want == "$have" ]]; then
+        echo "build up to date (source hash $want): not rebuilt"
+    else
+        echo "source hash ${have:-none} -> $want: building"
+        "$PY" -m pip install -e . --no-build-isolation --no-deps || return
+        echo "$want" >build/source.hash
     fi
-    local cuda=auto
-    [[ $DEVICE == cuda ]] && cuda=1  # fail loudly if the CUDA extension cannot be built
-    ROPEWKV_CUDA=$cuda "$PY" -m pip install -e . --no-build-isolation --no-deps &&
-        "$PY" -c "import torch, ropewkv; print('backends:', ropewkv.available_backends(torch.device('$DEVICE')))"
+    "$PY" -c "import torch, ropewkv
+backends = ropewkv.available_backends(torch.device('$DEVICE'))
+print('backends:', backends)
+assert '$EXPECTED_BACKEND' in backends, ropewkv._backend.unavailable_reason('$EXPECTED_BACKEND', torch.device('$DEVICE'))"
 }
 
-# PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor its own cudaMalloc, so the sanitizers see out-of-bounds accesses
-# that the caching allocator would hide inside a larger block.
+# PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor its own cudaMalloc, so the sanitizer sees out-of-bounds accesses that
+# the caching allocator would hide inside a larger block. The dry run runs the same tests without the tool.
 sanitize() {
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
-        --target-processes all "$PY" -m pytest tests -q -x -p no:cacheprovider -m "not slow" -k "$SAN_K"
+    local tool=()
+    if [[ $DEVICE == cuda ]]; then
+        tool=(compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 --target-processes all)
+    fi
+    local tests
+    read -r -a tests <<<"$SAN_TESTS_LIST"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 "${tool[@]}" "$PY" -m pytest -q -p no:cacheprovider "${tests[@]}"
 }
 
-export -f environment install_wheels build sanitize
-step env 30 "$LOG" environment
-step wheels 60 "$LOG" install_wheels
-if [[ -d /tmp/site ]]; then export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; fi
-step build 300 "$LOG" build
-step test 150 "$LOG" "$PY" -m pytest tests -q -x -p no:cacheprovider
-step parity 90 "$LOG" "$PY" -m ropewkv parity --device "$DEVICE"
-# shellcheck disable=SC2086  # BENCH_ARGS and PLOT_ARG are word lists
-step rope 150 "$LOG" "$PY" benchmarks/rope.py --device "$DEVICE" --out "$OUT" $PLOT_ARG ${BENCH_ARGS:-}
-# shellcheck disable=SC2086
-step rwkv7 200 "$LOG" "$PY" benchmarks/rwkv7.py --device "$DEVICE" --out "$OUT" $PLOT_ARG ${BENCH_ARGS:-}
-step memcheck 90 "$SANLOG" sanitize memcheck
-step racecheck 60 "$SANLOG" sanitize racecheck
-step initcheck 45 "$SANLOG" sanitize initcheck
-step synccheck 45 "$SANLOG" sanitize synccheck
-step checks 500 "$LOG" env OUT="$OUT" PYTHON="$PY" bash benchmarks/gpu_checks.sh
+checks() {
+    OUT=$WORK PYTHON="$PY" bash benchmarks/gpu_checks.sh
+}
+
+# results.md from the benchmark tables so far, and the JSON/PNG files, into $OUT.
+publish() {
+    {
+        echo "# GPU session results: $(date -u '+%Y-%m-%d %H:%M UTC'), PLAN=$PLAN, DEVICE=$DEVICE"
+        for name in rwkv7 rope host_overhead; do
+            if [[ -f $WORK/$name.md ]]; then
+                echo; cat "$WORK/$name.md"
+            elif [[ -f $WORK/$name.json ]]; then
+                echo; echo "## $name: cut short, its rows so far are in $name.json"
+            fi
+        done
+    } >"$OUT/results.md"
+    cp "$WORK"/*.json "$WORK"/*.png "$OUT"/ 2>/dev/null || true
+}
+
+# ---- the plan --------------------------------------------------------------------------------------------------------
+# name budget_s command...: budgets are the GPU estimates of benchmarks/NOTES.md ("Time plan").
+NAMES=() BUDGETS=() COMMANDS=()
+plan() {
+    NAMES+=("$1")
+    BUDGETS+=("$2")
+    COMMANDS+=("$(printf '%q ' "${@:3}")")
+}
+plan env 60 environment  # importing torch and triton takes seconds, a minute on a loaded machine
+case $PLAN in
+main | tests)
+    plan wheels 20 install_wheels
+    plan build 240 build
+    if [[ $PLAN == main ]]; then
+        plan parity 60 "$PY" -m ropewkv parity --device "$DEVICE"
+        # --no-compile: the torch.compile rows (a compile each) come with the rest, by --append
+        plan rwkv7-decode 60 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes decode,log_decay
+        plan rope-train 45 "$PY" benchmarks/rope.py "${BENCH[@]}" --no-compile --shapes train \
+            --only "ropewkv,eager HF,Liger"
+        plan host-overhead 20 "$PY" benchmarks/host_overhead.py "${BENCH[@]}"
+        plan rwkv7-rest 120 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --append
+        plan rope-rest 90 "$PY" benchmarks/rope.py "${BENCH[@]}" --append
+    fi
+    for file in ${TESTS:-tests/test_*.py}; do
+        plan "pytest $file" 120 "$PY" -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" "$file"
+    done
+    ;;
+sanitize)
+    plan build 240 build
+    for tool in memcheck racecheck initcheck synccheck; do plan "$tool" 100 sanitize "$tool"; done
+    ;;
+checks)
+    plan build 240 build
+    plan checks 520 checks  # gpu_checks.sh's own limits add to 510 s: run it on a warm machine (built)
+    ;;
+*)
+    echo "PLAN must be main, tests, sanitize or checks, got $PLAN" >&2
+    exit 2
+    ;;
+esac
+
+total=0
+for budget in "${BUDGETS[@]}"; do total=$((total + budget)); done
+{
+    echo "## GPU session plan (PLAN=$PLAN, DEVICE=$DEVICE, TOTAL_S=$TOTAL_S, budgets add to ${total}s)"
+    for i in "${!NAMES[@]}"; do echo "- ${NAMES[i]}: ${BUDGETS[i]}s"; done
+} | tee "$LOG"
+
+SUMMARY=()
+STOPPED=""
+export -f environment install_wheels build sanitize checks
+export SAN_TESTS_LIST="${SAN_TESTS[*]}" EXPECTED_BACKEND
+for i in "${!NAMES[@]}"; do
+    name=${NAMES[i]}
+    if [[ -n ${STEPS:-} && ",$STEPS," != *",$name,"* ]]; then SUMMARY+=("$name: not in STEPS"); continue; fi
+    if [[ -n $STOPPED ]]; then SUMMARY+=("$name: not run ($STOPPED)"); continue; fi
+    left=$((DEADLINE - SECONDS - 5))
+    limit=$((BUDGETS[i] < left ? BUDGETS[i] : left))
+    if ((limit < 10)); then SUMMARY+=("$name: skipped (out of time)"); continue; fi
+    echo "=== $name (limit ${limit}s): ${COMMANDS[i]}" | tee -a "$LOG"
+    start=$SECONDS rc=0
+    # bash -c: the steps are functions or commands; --kill-after: a step that ignores SIGTERM is killed 5 s later.
+    timeout --kill-after=5 "$limit" bash -c "${COMMANDS[i]}" >>"$LOG" 2>&1 || rc=$?
+    if ((rc == 124 || rc == 137)); then status="TIMEOUT at ${limit}s"; elif ((rc)); then status="FAIL (rc $rc)"; else
+        status=ok; fi
+    result=$(tail -n 3 "$LOG" | grep -E -o '[0-9]+ (passed|failed|skipped|error)[^=]*' | tail -1)
+    SUMMARY+=("$name: $status in $((SECONDS - start))s${result:+ ($result)}")
+    echo "=== $name: $status" | tee -a "$LOG"
+    # No GPU (env's rc 3) or no build: every step after would fail for that one reason.
+    if [[ $name == env && $rc == 3 ]] || [[ $name == build && $rc != 0 ]]; then STOPPED="$name failed"; fi
+    publish
+done
 
 {
     echo
-    echo "## GPU session summary ($(date -u '+%Y-%m-%d %H:%M UTC'), ${SECONDS}s, STEPS=$STEPS)"
+    echo "## GPU session summary ($(date -u '+%Y-%m-%d %H:%M UTC'), ${SECONDS}s of TOTAL_S=$TOTAL_S, PLAN=$PLAN, DEVICE=$DEVICE)"
     printf -- '- %s\n' "${SUMMARY[@]}"
-    grep -h -- '^- .* is [0-9.]*x ' "$OUT"/rope.md "$OUT"/rwkv7.md 2>/dev/null
-    grep -E '^[0-9]+ passed, [0-9]+ failed$' "$LOG" | tail -1 | sed 's/^/- parity: /'
-    grep -E '[0-9]+ (passed|failed).* in [0-9.]+s' "$LOG" | tail -1 | sed 's/^/- pytest (last run): /'
-    grep -E 'ERROR SUMMARY' "$SANLOG" 2>/dev/null | sed 's/^/- sanitizer: /'
-    echo "- files in \$OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
-} | tee -a "$LOG"
+    grep -h -- '^- .* is [0-9.]*x ' "$WORK"/rope.md "$WORK"/rwkv7.md 2>/dev/null
+    grep -h 'ERROR SUMMARY' "$LOG" "$OUT"/*.log 2>/dev/null | sed 's/^/- sanitizer: /'
+} >"$WORK/summary.md"
+cat "$WORK/summary.md" >>"$OUT/results.md"
+if [[ $PLAN == checks ]]; then cp "$WORK"/gpu_checks.log "$WORK"/sanitizer_edges.log "$OUT"/ 2>/dev/null; fi
+echo "- files in \$OUT ($(ls "$OUT" | wc -l), at most 8 come back): $(ls "$OUT" | tr '\n' ' ')" >>"$WORK/summary.md"
+tee -a "$LOG" <"$WORK/summary.md"

@@ -1,6 +1,7 @@
 """RoPE benchmark: fwd, bwd and fwd+bwd GB/s against the copy bandwidth measured in the same run.
 
     python benchmarks/rope.py [--device cuda|cpu] [--quick] [--out DIR] [--plot] [--[no-]compile] [--only SUBSTR,..]
+                              [--shapes SUBSTR,..] [--append]
 
 Bytes counted (the floor): q and k read once and written once, 2 * (numel(q) + numel(k)) * itemsize per fwd or bwd
 pass (cos/sin tables of the peers are not counted: they are S*D, small against B*S*H*D). Memory layout is the one a
@@ -23,6 +24,7 @@ from ropewkv.reference import rope as ref  # noqa: E402
 from ropewkv.testing.rope import rope_input  # noqa: E402
 
 DECODE_CONTEXT = 4096  # decode positions are drawn from [0, DECODE_CONTEXT)
+MROPE_SECTION = [16, 24, 24]  # Qwen2-VL's split of head_dim 128's 64 frequencies (temporal, height, width)
 
 
 @dataclass
@@ -46,8 +48,8 @@ def shapes(device: torch.device, quick: bool) -> list:
         return [Shape("train B8 S4096", 8, 4096, 32, 8, 128), Shape("long B1 S32k", 1, 32768, 32, 8, 128),
                 Shape("decode B64", 64, 1, 32, 8, 128)]
     if quick:
-        return [Shape("B1 S256", 1, 256, 8, 2, 128), Shape("decode B64", 64, 1, 8, 2, 128)]
-    return [Shape("B1 S1024", 1, 1024, 32, 8, 128), Shape("decode B64", 64, 1, 32, 8, 128)]
+        return [Shape("train B1 S256", 1, 256, 8, 2, 128), Shape("decode B64", 64, 1, 8, 2, 128)]
+    return [Shape("train B1 S1024", 1, 1024, 32, 8, 128), Shape("decode B64", 64, 1, 32, 8, 128)]
 
 
 class Inputs:
@@ -66,6 +68,12 @@ class Inputs:
         # flash-attn reads a [seqlen_ro, D/2] table at offset + s: at decode it spans the whole context.
         table = torch.arange(DECODE_CONTEXT if shape.decode else shape.seqlen, device=device)
         self.flash_tables = tuple(t.to(dtype) for t in ref.cos_sin(table, self.inv_freq, dtype=torch.float32))
+        # M-RoPE: three rows as an image grid gives them (temporal, then height and width within 32 x 32 tiles), and
+        # HF's Qwen2-VL tables of them (fp32 angles, composed per section, cast to dtype).
+        self.mrope_positions = torch.stack([self.positions // 1024, self.positions // 32 % 32, self.positions % 32])
+        rows = ref.mrope_rows(shape.head_dim // 2, MROPE_SECTION)
+        cos, sin = ref.cos_sin(self.mrope_positions, self.inv_freq, dtype=torch.float32, rows=rows)
+        self.mrope_cos, self.mrope_sin = (torch.cat((c, c), dim=-1).to(dtype) for c in (cos, sin))
 
     def make_set(self):
         """Fresh q, k in bshd, requiring grad: N(0,1) from the project's generator, tiled to the full shape."""
@@ -78,6 +86,10 @@ class Inputs:
 
     def reference(self, args):
         return tuple(ref.rope(x, self.inv_freq, self.positions, dtype=torch.float32) for x in args)
+
+    def mrope_reference(self, args):
+        return tuple(ref.rope(x, self.inv_freq, self.mrope_positions, dtype=torch.float32, mrope_section=MROPE_SECTION)
+                     for x in args)
 
 
 def _hf_style(fn):
@@ -102,6 +114,18 @@ class _FlashRotary(torch.autograd.Function):
     def backward(ctx, grad):
         cos, sin = ctx.saved_tensors
         return ctx.apply_rotary(grad, cos, sin, seqlen_offsets=ctx.offsets, conjugate=True), None, None, None, None
+
+
+def mrope_implementations(inputs: Inputs, device: torch.device, args) -> list:
+    """M-RoPE (Qwen2-VL sections): ropewkv's in-kernel angle from [3, B, S] positions against HF's eager apply on
+    the tables its Qwen2VLRotaryEmbedding composes (vLLM's MRotaryEmbedding would join as a peer where installed)."""
+    impls = [(f"ropewkv.rope[{backend},mrope]",
+              lambda q, k, b=backend: ropewkv.rope(q, k, inv_freq=inputs.inv_freq, positions=inputs.mrope_positions,
+                                                   mrope_section=MROPE_SECTION, backend=b))
+             for backend in common.kernel_backends(device)]
+    eager = _hf_style(ref.hf_apply_rotary_pos_emb)
+    impls.append(("eager HF M-RoPE", lambda q, k: eager(q, k, inputs.mrope_cos, inputs.mrope_sin)))
+    return [(n, f) for n, f in impls if common.selected(args, n)]
 
 
 def implementations(inputs: Inputs, device: torch.device, args) -> list:
@@ -138,10 +162,14 @@ def main(argv=None) -> int:
         inputs = Inputs(shape, dtype, device, torch.Generator().manual_seed(0))
         numel = shape.batch * shape.seqlen * (shape.q_heads + shape.k_heads) * shape.head_dim
         label = f"{shape.name} Hq{shape.q_heads} Hk{shape.k_heads} D{shape.head_dim}"
-        for name, fn in implementations(inputs, device, args):
-            host = (lambda a, f=fn: (lambda: f(*a))) if shape.decode else None
-            session.measure(shape=label, impl=name, work=common.Work(fn, inputs.make_set, reference=inputs.reference),
-                            bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize), host_call=host)
+        runs = [(label, inputs.reference, implementations(inputs, device, args)),
+                (label + " M-RoPE", inputs.mrope_reference, mrope_implementations(inputs, device, args))]
+        for shape_label, reference, impls in runs:
+            for name, fn in impls:
+                host = (lambda a, f=fn: (lambda: f(*a))) if shape.decode else None
+                work = common.Work(fn, inputs.make_set, reference=reference)
+                session.measure(shape=shape_label, impl=name, work=work,
+                                bytes_per_mode=common.pass_bytes(2 * numel * dtype.itemsize), host_call=host)
     rows, copy_bps, env = session.rows, session.copy_bps, session.env
     columns = [c for k, title in common.MODE_TITLES for c in (
         (f"{k}_us", f"{title} µs", ".1f"), (f"{k}_GBps", f"{title} GB/s", ".0f"), (f"{k}_pct", "% copy", ".0f"))]

@@ -1,6 +1,10 @@
 """RWKV-7 benchmark: WKV7 fwd/bwd/fwd+bwd tokens/s, the decode step's state GB/s, and the fused log decay's GB/s.
 
     python benchmarks/rwkv7.py [--device cuda|cpu] [--quick] [--out DIR] [--plot] [--[no-]compile] [--only SUBSTR,..]
+                               [--shapes SUBSTR,..] [--append]
+
+Rows run shortest first (decode, log decay, the eager-sized wkv7, then the long wkv7), so a run cut short by a time
+limit loses the longest rows, not the decode figures.
 
 - wkv7: ropewkv.wkv7 on every kernel backend and both precisions, FLA's chunk_rwkv7 (log decay, state [N,H,K,V];
   its w is converted from ours outside the timing), the eager reference (a Python loop over T) and torch.compile of
@@ -190,12 +194,12 @@ def main(argv=None) -> int:
     session = common.Session("rwkv7", "RWKV-7", __doc__.splitlines()[0], argv)
     cfg = config(session.device, session.args.quick)
     dtype = torch.bfloat16
-    for shape in cfg.seq:
-        bench_wkv7(session, dtype, shape, eager_ok=False)
-    bench_wkv7(session, dtype, cfg.small, eager_ok=True)
     for batch in cfg.decode_batches:
         bench_decode(session, dtype, batch, *cfg.decode_hn)
     bench_log_decay(session, dtype, cfg.decay_shape)
+    bench_wkv7(session, dtype, cfg.small, eager_ok=True)
+    for shape in cfg.seq:
+        bench_wkv7(session, dtype, shape, eager_ok=False)
     rows, copy_bps, env = session.rows, session.copy_bps, session.env
     columns = [c for k, title in common.MODE_TITLES for c in (
         (f"{k}_us", f"{title} µs", ".1f"), (f"{k}_tok_s", f"{title} tok/s", ".3g"))]

@@ -2,11 +2,17 @@ import os
 
 import torch
 
+import pytest  # noqa: E402
+
+# A run meant for a GPU (make test where nvidia-smi sees one, benchmarks/gpu_session.sh) that torch cannot reach would
+# otherwise fall back to the interpreter and fail everywhere for the wrong reason.
+if os.environ.get("ROPEWKV_EXPECT_GPU") == "1" and not torch.cuda.is_available():
+    pytest.exit(f"ROPEWKV_EXPECT_GPU=1 but torch {torch.__version__} sees no CUDA device "
+                f"(torch.version.cuda={torch.version.cuda}): check nvidia-smi and the driver", returncode=3)
+
 # Triton reads TRITON_INTERPRET when @triton.jit decorates, so set it before any ropewkv kernel module is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
 
 import ropewkv  # noqa: E402
 

@@ -23,3 +23,15 @@ def test_benchmark_runs_and_writes_results(tmp_path, script, only):
     for row in ours:
         assert row.get("fwd_us", 0) > 0 and row.get("rel_err") is not None and row["rel_err"] < 1e-2, row
     assert "| shape |" in (tmp_path / f"{name}.md").read_text()
+
+
+def test_host_overhead_benchmark_splits_every_call(tmp_path):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "host_overhead.py"), "--device", "cpu",
+                             "--quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
+    assert [row["impl"] for row in rows] == ["ropewkv.rope[cpu]", "ropewkv.apply_rotary_pos_emb[cpu]",
+                                            "ropewkv.wkv7_step[cpu]"]
+    for row in rows:
+        assert row["total_us"] > 0 and row["op_us"] > 0 and row["dispatch_us"] > 0, row
+        assert row["python_us"] == pytest.approx(row["total_us"] - row["op_us"]), row

@@ -19,7 +19,9 @@ def test_demo_cli_passes_and_writes_the_report(tmp_path):
     assert result.stdout.strip() == report.strip()  # the printed tables are the report
     for section in ("## Parity against fp64", "## Speed", "## RoPE: max error of cos/sin vs position"):
         assert section in report
-    for op in ("apply_rotary_pos_emb q (ours)", "wkv7 y", "Llama logits (patched)", "RWKV-7 logits (fused)"):
+    for op in ("apply_rotary_pos_emb q (ours)", "wkv7 y", "Llama logits (patched)", "RWKV-7 logits (fused)",
+               "RWKV-7 gradients (fused)", "RWKV-7 logits (fused, bf16 autocast)",
+               "RWKV-7 gradients (fused, bf16 autocast)"):
         assert f"| {op} |" in report
     assert "| FAIL |" not in report and "0 failed" in report
     assert "[demo] timing" in result.stderr  # progress goes to stderr

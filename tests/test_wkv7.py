@@ -26,17 +26,25 @@ def check_against_oracle(device, backend, shape, dtype, decay, precision, seed, 
     if initial_state and cu_seqlens is not None:
         inputs["initial_state"] = torch.randn(n_seqs, shape[2], shape[3], shape[3], generator=gen).to(device)
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, device=device)
-    cot_y, cot_s = parity.cotangents(inputs, n_seqs, gen, device)
-    reference_result = parity.oracle(inputs, decay, cot_y, cot_s, cu)
-    with poisoned_outputs():
-        result = parity.run_wkv7(backend, inputs, decay, precision, cot_y, cot_s, cu)
+    result, rows = check_inputs(device, backend, inputs, decay, precision, parity.tolerance(dtype, precision, shape[1]),
+                                gen, cu)
     assert result[0].dtype == dtype and result[1].dtype == torch.float32
-    rows = parity.measurements(backend, precision, result, reference_result,
-                               parity.tolerance(dtype, precision, shape[1]), dtype)
     assert len(rows) == (9 if initial_state else 8)
+    return rows
+
+
+def check_inputs(device, backend, inputs, decay, precision, tol, generator, cu_seqlens=None, mask=None):
+    """y, final state and gradients of `inputs` (rwkv7_inputs' dict) under random cotangents, within `tol` of the fp64
+    oracle, outputs poisoned. Returns (the backend's (y, state, grads), the measurement rows)."""
+    n_seqs = inputs["r"].shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    cot_y, cot_s = parity.cotangents(inputs, n_seqs, generator, device)
+    reference_result = parity.oracle(inputs, decay, cot_y, cot_s, cu_seqlens, mask)
+    with poisoned_outputs():
+        result = parity.run_wkv7(backend, inputs, decay, precision, cot_y, cot_s, cu_seqlens, mask)
+    rows = parity.measurements(backend, precision, result, reference_result, tol, inputs["r"].dtype)
     for row in rows:
         assert_within(row)
-    return rows
+    return result, rows
 
 
 @pytest.mark.parametrize("decay", reference.DECAYS)
@@ -259,7 +267,7 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="cu_seqlens must be int32 or int64"):
         ops.wkv7(*xs, cu_seqlens=torch.tensor([0.0, 4.0]))
     with pytest.raises(ValueError, match=r"initial_state must have shape \[2, 1, 32, 32\]"):
-        ops.wkv7(*xs, cu_seqlens=torch.tensor([0, 1, 4]), initial_state=torch.zeros(1, 1, 32, 32))
+        ops.wkv7(*xs, cu_seqlens=torch.tensor([0, 1, 4]), initial_state=torch.zeros(3, 1, 32, 32))
     with pytest.raises(TypeError, match="r must have dtype"):
         ops.wkv7(*(x.to(torch.int32) for x in xs))
 

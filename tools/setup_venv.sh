@@ -1,27 +1,120 @@
 #!/usr/bin/env bash
-# Creates the project's .venv if missing. Where the base Python already has torch (the GPU machines, which have no
-# network) the venv reuses it; elsewhere it installs torch 2.13.0 (the CPU wheel on disk on our dev/CI machines).
-# Then installs each tool that is not importable yet, so a machine without network installs nothing.
+# Creates the project's venv if missing, then installs the PACKAGES that are not satisfied yet (none: pip never runs).
+#   tools/setup_venv.sh [--plan] VENV [PYTHON]
+# The python: PYTHON if given, else the first of python3, python3.12, python3.11 on the PATH that already imports torch,
+# else python3.11, else python3.
+# - A python that has torch (the GPU machines: /opt/torch/.venv/bin/python3, with no network) is reused: the venv sees
+#   its packages, and its torch and triton are never replaced. `venv --system-site-packages` alone shows only the base
+#   interpreter's packages when that python is itself a venv, so its site-packages are added with a .pth file.
+# - Otherwise torch 2.13.0 is installed (the CPU wheel on disk on the dev and CI machines).
+# --plan prints the decision and what would be installed, and changes nothing (tests/test_setup_venv.py).
 set -euo pipefail
-python=${1:?usage: setup_venv.sh PYTHON VENV}
-venv=${2:?usage: setup_venv.sh PYTHON VENV}
 
-if [ ! -x "$venv/bin/python" ]; then
-  if "$python" -c "import torch" 2>/dev/null; then
-    echo "setup: reusing the torch of $python ($("$python" -c 'import torch; print(torch.__version__)'))"
+# One requirement a line; a branch that needs another package adds one line.
+PACKAGES=(
+  torch==2.13.0  # matched by name alone where the python already has torch
+  triton==3.7.1  # the version torch 2.13's CUDA build pins; likewise matched by name alone next to a found torch
+  "setuptools>=64"
+  wheel  # setuptools < 70.1 builds editable installs only with it (else "invalid command 'bdist_wheel'")
+  ninja
+  numpy
+  pytest
+  pytest-timeout
+  hypothesis
+  transformers
+  matplotlib  # make demo's plot
+)
+PEERS=(
+  kernels==0.17.2  # HF's kernel hub (tests/test_hub_kernels.py)
+  flash-linear-attention==0.6.0  # with fla-core 0.6.0 and einops: FLA's RWKV-7 kernels and layers (tests/fla_cpu.py)
+)
+
+plan=0
+if [[ ${1:-} == --plan ]]; then plan=1; shift; fi
+venv=${1:?usage: setup_venv.sh [--plan] VENV [PYTHON]}
+python=${2:-}
+
+has_torch() { "$1" -c "import torch" 2>/dev/null; }
+
+if [[ -z $python ]]; then
+  for candidate in python3 python3.12 python3.11; do
+    if command -v "$candidate" >/dev/null && has_torch "$candidate"; then python=$(command -v "$candidate"); break; fi
+  done
+  python=${python:-$(command -v python3.11 || command -v python3)}
+fi
+
+if [[ -x $venv/bin/python ]]; then
+  mode="existing venv $venv"
+elif has_torch "$python"; then
+  mode="reuse the torch of $python ($("$python" -c 'import torch; print(torch.__version__)'))"
+else
+  mode="new venv from $python, torch installed"
+fi
+echo "setup: $mode"
+
+# Requirements not yet satisfied, as the venv's python (or, for --plan before it exists, the chosen one) sees them.
+missing() {
+  local reuse=$1 py=$2
+  shift 2
+  "$py" - "$reuse" "$@" <<'EOF'
+import sys
+from importlib import metadata
+
+from pip._vendor.packaging.requirements import Requirement
+
+reuse = sys.argv[1] == "1"
+for line in sys.argv[2:]:
+    requirement = Requirement(line)
+    try:
+        version = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        print(line)
+        continue
+    keep = reuse and requirement.name in ("torch", "triton")
+    if not keep and not requirement.specifier.contains(version, prereleases=True):
+        print(line)
+EOF
+}
+
+reuse=0
+if [[ $mode == reuse* ]] || { [[ $mode == existing* ]] && [[ -f $venv/.ropewkv-reuses-torch ]]; }; then reuse=1; fi
+
+if ((plan)); then
+  py=$python
+  [[ -x $venv/bin/python ]] && py=$venv/bin/python
+  echo "setup: would install: $(missing "$reuse" "$py" "${PACKAGES[@]}" | tr '\n' ' ')"
+  echo "setup: would try the peers: $(missing 0 "$py" "${PEERS[@]}" | tr '\n' ' ')"
+  exit 0
+fi
+
+if [[ ! -x $venv/bin/python ]]; then
+  if ((reuse)); then
     "$python" -m venv --system-site-packages "$venv"
+    # The found python's own site-packages, .pth files included, when it is itself a venv.
+    "$python" - "$venv" <<'EOF'
+import os, subprocess, sys, sysconfig
+
+if sys.prefix != sys.base_prefix:
+    venv_site = subprocess.check_output([os.path.join(sys.argv[1], "bin", "python"), "-c",
+                                         "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True)
+    dirs = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    with open(os.path.join(venv_site.strip(), "_ropewkv_parent_site.pth"), "w") as pth:
+        pth.writelines(f"import site; site.addsitedir({d!r})\n" for d in dirs)
+EOF
+    touch "$venv/.ropewkv-reuses-torch"
   else
     "$python" -m venv "$venv"
-    "$venv/bin/pip" install -q torch==2.13.0
   fi
 fi
 
-# module:requirement pairs; triton pinned to the version torch 2.13's CUDA build pins.
-for pair in torch:torch==2.13.0 triton:triton==3.7.1 ninja:ninja pytest:pytest numpy:numpy hypothesis:hypothesis \
-            transformers:transformers; do
-  module=${pair%%:*}
-  requirement=${pair#*:}
-  if ! "$venv/bin/python" -c "import $module" 2>/dev/null; then
-    "$venv/bin/pip" install -q "$requirement"
-  fi
-done
+mapfile -t install < <(missing "$reuse" "$venv/bin/python" "${PACKAGES[@]}")
+if ((${#install[@]})); then
+  echo "setup: installing ${install[*]}"
+  "$venv/bin/python" -m pip install -q "${install[@]}"
+fi
+# The peers the tests run against (pure Python). Where no index is reachable (the GPU machines) they may be missing:
+# the tests against them then skip, saying why.
+mapfile -t peers < <(missing 0 "$venv/bin/python" "${PEERS[@]}")
+if ((${#peers[@]})) && ! "$venv/bin/python" -m pip install -q --retries 0 --timeout 15 "${peers[@]}"; then
+  echo "setup: could not install ${peers[*]}: the tests against them skip"
+fi

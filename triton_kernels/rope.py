@@ -63,6 +63,15 @@ def _reduced_angle(pf, f, INTERPRETING: tl.constexpr):
 
 
 @triton.jit
+def _mrope_row(i, section0, section1, section2, INTERLEAVED: tl.constexpr):
+    """The M-RoPE position row (0 temporal, 1 height, 2 width) of frequency i: ropewkv/rope.h's mrope_row."""
+    if INTERLEAVED:  # Qwen3-VL: T H W T H W ... while i < 3 * section[i % 3], then T
+        r = i % 3
+        return tl.where((r != 0) & (i < 3 * tl.where(r == 1, section1, section2)), r, 0)
+    return tl.where(i < section0, 0, tl.where(i < section0 + section1, 1, 2))  # chunks T..T H..H W..W
+
+
+@triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_heads, cos1, sin1, cos2, sin2,
                   off1, off2, half_mask,
                   ROTARY_DIM: tl.constexpr, REST: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -104,15 +113,15 @@ def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_head
 
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, freq_ptr, pos_ptr, offset_ptr, cu_ptr, cos_ptr, sin_ptr,
-                 seqlen, n_qheads, n_kheads, n_seqs, search_steps, scaling,
+                 seqlen, n_qheads, n_kheads, n_seqs, search_steps, scaling, section0, section1, section2,
                  q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, qo_sb, qo_ss, qo_sh, ko_sb, ko_ss, ko_sh,
-                 pos_sb, pos_ss, cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
+                 pos_sr, pos_sb, pos_ss, cos_sb, cos_ss, cos_sd, sin_sb, sin_ss, sin_sd,
                  HALF: tl.constexpr, REST: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
                  BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
                  INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, LOW_PRECISION: tl.constexpr,
                  FROM_TABLE: tl.constexpr, HAS_K: tl.constexpr, HAS_POSITIONS: tl.constexpr,
                  HAS_OFFSETS: tl.constexpr, HAS_CU: tl.constexpr, COPY_REST: tl.constexpr,
-                 INTERPRETING: tl.constexpr):
+                 MROPE: tl.constexpr, MROPE_INTERLEAVED: tl.constexpr, INTERPRETING: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     b = token // seqlen
     s = token - b * seqlen
@@ -144,18 +153,30 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, freq_ptr, pos_ptr, offset_ptr, cu
                 lo = tl.where(right, mid, lo)
                 hi = tl.where(right, hi, mid)
             if HAS_POSITIONS:
-                position = tl.load(pos_ptr + token * pos_ss).to(tl.int64)
+                token_pos_ptr = pos_ptr + token * pos_ss
+                position = tl.load(token_pos_ptr).to(tl.int64)
             else:
                 position = token - tl.load(cu_ptr + lo).to(tl.int64)
             if HAS_OFFSETS:
-                position += tl.load(offset_ptr + lo).to(tl.int64)
+                offset = tl.load(offset_ptr + lo).to(tl.int64)
+            else:
+                offset = 0
         else:
             if HAS_POSITIONS:
-                position = tl.load(pos_ptr + b * pos_sb + s * pos_ss).to(tl.int64)
+                token_pos_ptr = pos_ptr + b * pos_sb + s * pos_ss
+                position = tl.load(token_pos_ptr).to(tl.int64)
             else:
                 position = s
             if HAS_OFFSETS:
-                position += tl.load(offset_ptr + b).to(tl.int64)
+                offset = tl.load(offset_ptr + b).to(tl.int64)
+            else:
+                offset = 0
+        if MROPE:  # frequency i takes its position from row _mrope_row(i) of positions [3, B, S] (always given)
+            row = _mrope_row(i, section0, section1, section2, MROPE_INTERLEAVED)
+            height = tl.load(token_pos_ptr + pos_sr).to(tl.int64)
+            width = tl.load(token_pos_ptr + 2 * pos_sr).to(tl.int64)
+            position = tl.where(row == 0, position, tl.where(row == 1, height, width))
+        position += offset
         f = tl.load(freq_ptr + i, mask=half_mask, other=0.0)
         r = _reduced_angle(position.to(tl.float32), f, INTERPRETING)
         cos1 = tl.cos(r) * scaling
@@ -180,7 +201,8 @@ def _strides(x, n):
 
 
 def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, low_precision, *, inv_freq=None,
-                      positions=None, seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None, attention_scaling=1.0):
+                      positions=None, seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None, attention_scaling=1.0,
+                      mrope_section=None, mrope_interleaved=False):
     """(grid, positional args, keyword args: constexprs and compile options) of one _rope_kernel launch; None when
     there is nothing to do."""
     batch, seqlen, n_qheads, head_dim = q.shape
@@ -193,10 +215,14 @@ def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, lo
     in_place = q_out.data_ptr() == q.data_ptr() and (k is None or k_out.data_ptr() == k.data_ptr())
     max_heads = max(1, HEAD_BLOCK_ELEMENTS // block_half)
     n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else 0
+    mrope = mrope_section is not None
+    # M-RoPE positions [3, B, S]: the row stride first; plain positions [B, S] get a zero row stride.
+    pos_strides = _strides(positions, 3) if mrope else (0, *_strides(positions, 2))
     args = (q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seqlens, cos, sin,
             seqlen, n_qheads, n_kheads, n_seqs, max(n_seqs - 1, 0).bit_length(), float(attention_scaling),
+            *(tuple(mrope_section) if mrope else (0, 0, 0)),
             *_strides(q, 3), *_strides(k, 3), *_strides(q_out, 3), *_strides(k_out, 3),
-            *_strides(positions, 2), *_strides(cos, 3), *_strides(sin, 3))
+            *pos_strides, *_strides(cos, 3), *_strides(sin, 3))
     kwargs = dict(
         HALF=half, REST=rest, BLOCK_HALF=block_half, BLOCK_REST=triton.next_power_of_2(max(rest, 1)),
         BLOCK_HQ=min(triton.next_power_of_2(max(n_qheads, 1)), max_heads),
@@ -204,7 +230,8 @@ def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, lo
         INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate), LOW_PRECISION=bool(low_precision),
         FROM_TABLE=cos is not None, HAS_K=k is not None, HAS_POSITIONS=positions is not None,
         HAS_OFFSETS=seqlen_offsets is not None, HAS_CU=cu_seqlens is not None,
-        COPY_REST=rest > 0 and not in_place, INTERPRETING=INTERPRETING,
+        COPY_REST=rest > 0 and not in_place, MROPE=mrope, MROPE_INTERLEAVED=bool(mrope_interleaved),
+        INTERPRETING=INTERPRETING,
         # No a*b+c contraction: with it LLVM narrows rnd(rnd(x1 c) - rnd(x2 s)) to a bf16/fp16 fma (one rounding
         # fewer than eager HF), and the GPU would differ from the interpreter. Explicit tl.fma is unaffected.
         enable_fp_fusion=False)
@@ -218,7 +245,8 @@ def _run(launch):
 
 
 def rope_forward(q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seqlens, interleaved: bool,
-                 conjugate: bool, attention_scaling: float, low_precision: bool) -> None:
+                 conjugate: bool, attention_scaling: float, low_precision: bool, mrope_section=None,
+                 mrope_interleaved: bool = False) -> None:
     """Rotate q (and k) at positions computed in the kernel; writes q_out (and k_out).
 
     q: [B, S, Hq, D] and k: [B, S, Hk, D] or None, any strides with stride(-1) == 1 (thd as [1, T, H, D]);
@@ -228,10 +256,13 @@ def rope_forward(q, k, q_out, k_out, inv_freq, positions, seqlen_offsets, cu_seq
     cu_seqlens); cu_seqlens: None or int32/int64 [n_seqs + 1] (then B == 1). The position of a token is that of
     ropewkv.reference.rope.token_positions. conjugate rotates by -theta (the backward pass). low_precision reproduces
     HF eager arithmetic in the io dtype; otherwise all math is fp32 with one rounding at the store.
+    M-RoPE: mrope_section = (temporal, height, width) frequency counts summing to R/2 and positions [3, B, S]
+    ([3, 1, T] for thd); frequency i takes its position from row _mrope_row(i), chunked or interleaved.
     """
     _run(_launch_arguments(q, k, q_out, k_out, 2 * inv_freq.numel(), interleaved, conjugate, low_precision,
                            inv_freq=inv_freq, positions=positions, seqlen_offsets=seqlen_offsets,
-                           cu_seqlens=cu_seqlens, attention_scaling=attention_scaling))
+                           cu_seqlens=cu_seqlens, attention_scaling=attention_scaling, mrope_section=mrope_section,
+                           mrope_interleaved=mrope_interleaved))
 
 
 def rope_cos_sin_forward(q, k, q_out, k_out, cos, sin, interleaved: bool, conjugate: bool,

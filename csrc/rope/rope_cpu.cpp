@@ -11,20 +11,20 @@ namespace {
 // The token's cos/sin table [4, rot_half] (ca, sa, cb, sb), as table_entry defines it. gnu::flatten here and on
 // rotate_heads: the shared math must be inlined into the loops for them to vectorize (GCC's heuristics balk at some).
 template <typename acc_t, typename tab_t>
-[[gnu::flatten]] void fill_table(const Params& p, int64_t b, int64_t s, int64_t pos, tab_t* table) {
+[[gnu::flatten]] void fill_table(const Params& p, int64_t b, int64_t s, const int64_t pos[3], tab_t* table) {
   const int64_t rh = p.rot_half;
   tab_t *ca = table, *sa = table + rh, *cb = table + 2 * rh, *sb = table + 3 * rh;
   if constexpr (std::is_same_v<tab_t, float>) {
     if (p.cos == nullptr) {  // the angle source: table_entry's path, as a loop that vectorizes
       // Locals, not loads through p: the stores below could alias p as far as the vectorizer knows. `conjugate` is a
       // compile-time constant per loop (a runtime bool in the loop body stops GCC's vectorizer).
-      const float posf = float(pos), scaling = p.attention_scaling;
+      const float posf[3] = {float(pos[0]), float(pos[1]), float(pos[2])}, scaling = p.attention_scaling;
       const float* inv_freq = p.inv_freq;
       const auto fill = [&](auto conjugate) {
 #pragma omp simd
         for (int64_t j = 0; j < rh; ++j) {
           float c, sn;
-          angle_cos_sin(posf, inv_freq[j], scaling, &c, &sn);
+          angle_cos_sin(posf[mrope_row(p, j)], inv_freq[j], scaling, &c, &sn);
           finish_entry<acc_t>(conjugate.value, c, sn, c, sn, &ca[j], &sa[j], &cb[j], &sb[j]);
         }
       };
@@ -32,7 +32,9 @@ template <typename acc_t, typename tab_t>
       return;
     }
   }
-  for (int64_t j = 0; j < rh; ++j) table_entry<acc_t>(p, b, s, pos, j, &ca[j], &sa[j], &cb[j], &sb[j]);
+  for (int64_t j = 0; j < rh; ++j) {
+    table_entry<acc_t>(p, b, s, pos[mrope_row(p, j)], j, &ca[j], &sa[j], &cb[j], &sb[j]);
+  }
 }
 
 template <typename acc_t, typename io_t, typename tab_t>
@@ -67,7 +69,8 @@ void rope_cpu_kernel(const Params& p) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / p.seqlen;
       const int64_t s = t - b * p.seqlen;
-      const int64_t pos = p.cos == nullptr ? token_position(p, b, s) : 0;
+      int64_t pos[3] = {0, 0, 0};
+      if (p.cos == nullptr) token_positions(p, b, s, pos);
       fill_table<acc_t>(p, b, s, pos, table.data());
       rotate_heads<acc_t, io_t>(p, b, s, p.q, p.q_out, p.hq, p.q_stride, p.qo_stride, table.data());
       if (p.k != nullptr) rotate_heads<acc_t, io_t>(p, b, s, p.k, p.k_out, p.hk, p.k_stride, p.ko_stride, table.data());
@@ -85,17 +88,19 @@ void launch_cpu(const Params& p, at::ScalarType dtype, Precision precision) {
 std::vector<at::Tensor> rope_cpu(const at::Tensor& q, const std::optional<at::Tensor>& k, const at::Tensor& inv_freq,
                                  const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
                                  const std::optional<at::Tensor>& cu_seqlens, bool interleaved, bool conjugate,
-                                 double attention_scaling, int64_t precision) {
+                                 double attention_scaling, int64_t precision, at::OptionalIntArrayRef mrope_section,
+                                 bool mrope_interleaved) {
   return rope_functional(launch_cpu, true, q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate,
-                         attention_scaling, precision);
+                         attention_scaling, precision, mrope_section, mrope_interleaved);
 }
 
 void rope_inplace_cpu(const at::Tensor& q, const std::optional<at::Tensor>& k, const at::Tensor& inv_freq,
                       const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
                       const std::optional<at::Tensor>& cu_seqlens, bool interleaved, bool conjugate,
-                      double attention_scaling, int64_t precision) {
+                      double attention_scaling, int64_t precision, at::OptionalIntArrayRef mrope_section,
+                      bool mrope_interleaved) {
   rope_inplace(launch_cpu, true, q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate,
-               attention_scaling, precision);
+               attention_scaling, precision, mrope_section, mrope_interleaved);
 }
 
 std::vector<at::Tensor> rope_cos_sin_cpu(const at::Tensor& q, const std::optional<at::Tensor>& k,

@@ -20,19 +20,21 @@ std::vector<at::Tensor> rope_cuda(const at::Tensor& q, const std::optional<at::T
                                   const at::Tensor& inv_freq, const std::optional<at::Tensor>& positions,
                                   const std::optional<at::Tensor>& offsets,
                                   const std::optional<at::Tensor>& cu_seqlens, bool interleaved, bool conjugate,
-                                  double attention_scaling, int64_t precision) {
+                                  double attention_scaling, int64_t precision, at::OptionalIntArrayRef mrope_section,
+                                  bool mrope_interleaved) {
   const c10::cuda::CUDAGuard guard(q.device());
   return rope_functional(launch_cuda, false, q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate,
-                         attention_scaling, precision);
+                         attention_scaling, precision, mrope_section, mrope_interleaved);
 }
 
 void rope_inplace_cuda(const at::Tensor& q, const std::optional<at::Tensor>& k, const at::Tensor& inv_freq,
                        const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
                        const std::optional<at::Tensor>& cu_seqlens, bool interleaved, bool conjugate,
-                       double attention_scaling, int64_t precision) {
+                       double attention_scaling, int64_t precision, at::OptionalIntArrayRef mrope_section,
+                       bool mrope_interleaved) {
   const c10::cuda::CUDAGuard guard(q.device());
   rope_inplace(launch_cuda, false, q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate,
-               attention_scaling, precision);
+               attention_scaling, precision, mrope_section, mrope_interleaved);
 }
 
 std::vector<at::Tensor> rope_cos_sin_cuda(const at::Tensor& q, const std::optional<at::Tensor>& k,

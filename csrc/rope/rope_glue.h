@@ -57,21 +57,37 @@ inline bool is_index_dtype(const at::Tensor& t) {
 
 inline void set_angle_source(Params& p, const at::Tensor& q, const at::Tensor& inv_freq,
                              const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& offsets,
-                             const std::optional<at::Tensor>& cu_seqlens, double attention_scaling) {
+                             const std::optional<at::Tensor>& cu_seqlens, double attention_scaling,
+                             at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   TORCH_CHECK_TYPE(inv_freq.scalar_type() == at::kFloat, "inv_freq must be float32, got ", inv_freq.scalar_type());
   TORCH_CHECK_VALUE(inv_freq.dim() == 1 && inv_freq.is_contiguous(), "inv_freq must be contiguous 1-D");
   check_same_device(inv_freq, q, "inv_freq", "q");
   p.inv_freq = inv_freq.const_data_ptr<float>();
   p.attention_scaling = float(attention_scaling);
+  p.mrope = mrope_section.has_value();
+  p.mrope_interleaved = mrope_interleaved;
+  if (p.mrope) {
+    const at::IntArrayRef section = *mrope_section;
+    TORCH_CHECK_VALUE(section.size() == 3 && section[0] >= 0 && section[1] >= 0 && section[2] >= 0 &&
+                          section[0] + section[1] + section[2] == p.rot_half,
+                      "mrope_section must be 3 non-negative ints summing to rotary_dim / 2 = ", p.rot_half, ", got ",
+                      section);
+    TORCH_CHECK_VALUE(positions.has_value(), "mrope_section needs positions of shape [3, batch, seq]");
+    for (int r = 0; r < 3; ++r) p.mrope_section[r] = section[r];
+  }
   if (positions.has_value()) {
     TORCH_CHECK_TYPE(is_index_dtype(*positions), "positions must be int32 or int64, got ", positions->scalar_type());
-    TORCH_CHECK_VALUE(positions->dim() == 2 && positions->size(0) == p.batch && positions->size(1) == p.seqlen,
-                      "positions must be a [batch, seq] view, got ", positions->sizes());
+    const int64_t rows = p.mrope ? 1 : 0;  // M-RoPE positions carry a leading row dim of 3
+    TORCH_CHECK_VALUE(positions->dim() == 2 + rows && (!p.mrope || positions->size(0) == 3) &&
+                          positions->size(rows) == p.batch && positions->size(rows + 1) == p.seqlen,
+                      "positions must be a ", p.mrope ? "[3, batch, seq]" : "[batch, seq]", " view, got ",
+                      positions->sizes());
     check_same_device(*positions, q, "positions", "q");
     p.positions = positions->const_data_ptr();
     p.positions_int64 = positions->scalar_type() == at::kLong;
-    p.pos_stride[0] = positions->stride(0);
-    p.pos_stride[1] = positions->stride(1);
+    p.pos_row_stride = p.mrope ? positions->stride(0) : 0;
+    p.pos_stride[0] = positions->stride(rows);
+    p.pos_stride[1] = positions->stride(rows + 1);
   }
   int64_t n_offsets = p.batch;
   if (cu_seqlens.has_value()) {
@@ -147,11 +163,13 @@ std::vector<at::Tensor> rope_functional(Launch&& launch, bool allow_fp64, const 
                                         const std::optional<at::Tensor>& positions,
                                         const std::optional<at::Tensor>& offsets,
                                         const std::optional<at::Tensor>& cu_seqlens, bool interleaved, bool conjugate,
-                                        double attention_scaling, int64_t precision) {
+                                        double attention_scaling, int64_t precision,
+                                        at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   std::vector<at::Tensor> out = outputs(q, k);
   Params p;
   set_io(p, q, k, out[0], second(out), 2 * inv_freq.numel(), allow_fp64);
-  set_angle_source(p, q, inv_freq, positions, offsets, cu_seqlens, attention_scaling);
+  set_angle_source(p, q, inv_freq, positions, offsets, cu_seqlens, attention_scaling, mrope_section,
+                   mrope_interleaved);
   p.interleaved = interleaved;
   p.conjugate = conjugate;
   launch(p, q.scalar_type(), precision_from(precision));
@@ -162,10 +180,12 @@ template <typename Launch>
 void rope_inplace(Launch&& launch, bool allow_fp64, const at::Tensor& q, const std::optional<at::Tensor>& k,
                   const at::Tensor& inv_freq, const std::optional<at::Tensor>& positions,
                   const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& cu_seqlens,
-                  bool interleaved, bool conjugate, double attention_scaling, int64_t precision) {
+                  bool interleaved, bool conjugate, double attention_scaling, int64_t precision,
+                  at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   Params p;
   set_io(p, q, k, q, k, 2 * inv_freq.numel(), allow_fp64);
-  set_angle_source(p, q, inv_freq, positions, offsets, cu_seqlens, attention_scaling);
+  set_angle_source(p, q, inv_freq, positions, offsets, cu_seqlens, attention_scaling, mrope_section,
+                   mrope_interleaved);
   p.interleaved = interleaved;
   p.conjugate = conjugate;
   launch(p, q.scalar_type(), precision_from(precision));
@@ -192,4 +212,4 @@ std::vector<at::Tensor> rope_cos_sin_functional(Launch&& launch, bool allow_fp64
 // The schemas, shared by rope_cpu.cpp (which defines them) and the impl registrations of both devices.
 #define ROPEWKV_ROPE_ANGLE_ARGS                                                                            \
   "Tensor inv_freq, Tensor? positions, Tensor? seqlen_offsets, Tensor? cu_seqlens, bool interleaved, " \
-  "bool conjugate, float attention_scaling, int precision"
+  "bool conjugate, float attention_scaling, int precision, int[]? mrope_section, bool mrope_interleaved"

@@ -27,10 +27,11 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const rope::Params p
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int64_t b = t / p.seqlen;
     const int64_t s = t - b * p.seqlen;
-    const int64_t pos = p.cos == nullptr ? rope::token_position(p, b, s) : 0;
+    int64_t pos[3] = {0, 0, 0};
+    if (p.cos == nullptr) rope::token_positions(p, b, s, pos);
     __syncthreads();  // the previous token's table is no longer read
     for (int64_t j = threadIdx.x; j < rh; j += blockDim.x) {
-      rope::table_entry<acc_t, float>(p, b, s, pos, j, &ca[j], &sa[j], &cb[j], &sb[j]);
+      rope::table_entry<acc_t, float>(p, b, s, pos[rope::mrope_row(p, j)], j, &ca[j], &sa[j], &cb[j], &sb[j]);
     }
     __syncthreads();
     for (int64_t i = threadIdx.x; i < pairs + (p.hq + hk) * pass; i += blockDim.x) {

@@ -13,6 +13,20 @@ namespace {
 using wkv7::Decay;
 using wkv7::kCheckpointEvery;
 
+// The inputs of a call: r, k, v, a, b in the I/O type, w in its own type w_t (io_t, or float: an fp32 decay input
+// beside low-precision r..b, as under autocast, is read at full precision).
+template <typename io_t, typename w_t>
+struct InputPtrs {
+  const io_t *r, *k, *v, *a, *b;
+  const w_t* w;
+};
+
+template <typename scalar_t, typename w_scalar_t>
+InputPtrs<storage_t<scalar_t>, storage_t<w_scalar_t>> input_ptrs(const wkv7::Inputs& in) {
+  return {storage_ptr<scalar_t>(in.r), storage_ptr<scalar_t>(in.k), storage_ptr<scalar_t>(in.v),
+          storage_ptr<scalar_t>(in.a), storage_ptr<scalar_t>(in.b), storage_ptr<w_scalar_t>(in.w)};
+}
+
 // One token's per-channel inputs, widened (and bf16-rounded in the bf16 mode). The decay is computed here, in the
 // compute type, whatever the I/O dtype.
 template <typename acc_t>
@@ -20,26 +34,34 @@ struct Token {
   std::vector<acc_t> r, d, dlog, k, v, a, b;
   explicit Token(int64_t n) : r(n), d(n), dlog(n), k(n), v(n), a(n), b(n) {}
 
-  template <Precision P, typename io_t>
-  void load(const wkv7::Inputs& in, const io_t* const* ptrs, int64_t base, Decay decay, bool with_grad) {
+  template <Precision P, typename io_t, typename w_t>
+  void load(const wkv7::Inputs& in, const InputPtrs<io_t, w_t>& ptrs, int64_t base, Decay decay, bool with_grad) {
     const int64_t n = in.head_size;
     for (int64_t j = 0; j < n; ++j) {
-      r[j] = wkv7::load<P>(ptrs[0][base + j]);
-      const acc_t w = wkv7::load<P>(ptrs[1][base + j]);
+      r[j] = wkv7::load<P>(ptrs.r[base + j]);
+      const acc_t w = wkv7::load<wkv7::kDecayMode<P, io_t>>(ptrs.w[base + j]);
       d[j] = wkv7::decay_of(w, decay);
       if (with_grad) dlog[j] = wkv7::log_decay_grad(w, decay);
-      k[j] = wkv7::load<P>(ptrs[2][base + j]);
-      v[j] = wkv7::load<P>(ptrs[3][base + j]);
-      a[j] = wkv7::load<P>(ptrs[4][base + j]);
-      b[j] = wkv7::load<P>(ptrs[5][base + j]);
+      k[j] = wkv7::load<P>(ptrs.k[base + j]);
+      v[j] = wkv7::load<P>(ptrs.v[base + j]);
+      a[j] = wkv7::load<P>(ptrs.a[base + j]);
+      b[j] = wkv7::load<P>(ptrs.b[base + j]);
     }
   }
 };
 
-template <typename scalar_t>
-std::array<const storage_t<scalar_t>*, 6> input_ptrs(const wkv7::Inputs& in) {
-  return {storage_ptr<scalar_t>(in.r), storage_ptr<scalar_t>(in.w), storage_ptr<scalar_t>(in.k),
-          storage_ptr<scalar_t>(in.v), storage_ptr<scalar_t>(in.a), storage_ptr<scalar_t>(in.b)};
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls body(TypeTag<w's c10 type>{}): r's (scalar_t), or float.
+template <typename scalar_t, typename Body>
+void dispatch_w(const wkv7::Inputs& in, Body&& body) {
+  if (in.w.scalar_type() == in.r.scalar_type()) return body(TypeTag<scalar_t>{});
+  TORCH_CHECK_TYPE(in.w.scalar_type() == at::kFloat, "w must have r's dtype (", in.r.scalar_type(),
+                   ") or float32, got ", in.w.scalar_type());
+  body(TypeTag<float>{});
 }
 
 // S (n x n) <- the state at the start of sequence s (initial_state[s] or zeros).
@@ -70,12 +92,12 @@ void check_cu_seqlens_values(const wkv7::Inputs& in) {
   }
 }
 
-template <typename io_t, Precision P, typename scalar_t>
+template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
 void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_out, at::Tensor& final_out,
                   at::Tensor& ckpt_out) {
   using acc_t = compute_t<io_t>;
   const int64_t n = in.head_size, nn = n * n;
-  const auto ptrs = input_ptrs<scalar_t>(in);
+  const auto ptrs = input_ptrs<scalar_t, w_scalar_t>(in);
   io_t* y = storage_ptr<scalar_t>(y_out);
   acc_t* final_state = final_out.data_ptr<acc_t>();
   acc_t* ckpt = save ? ckpt_out.data_ptr<acc_t>() : nullptr;
@@ -95,7 +117,7 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
             for (int64_t j = 0; j < n; ++j) slot[j * n + i] = S[i * n + j];
         }
         const int64_t base = ((batch * in.seqlen + p) * in.heads + h) * n;
-        tok.template load<P>(in, ptrs.data(), base, decay, false);
+        tok.template load<P>(in, ptrs, base, decay, false);
         for (int64_t i = 0; i < n; ++i) {
           acc_t sa;
           const acc_t yi = wkv7::step_row(&S[i * n], int(n), tok.r.data(), tok.d.data(), tok.k.data(),
@@ -108,17 +130,19 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
   });
 }
 
-template <typename io_t, Precision P, typename scalar_t>
+template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
 void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y, const at::Tensor& grad_state,
                    const at::Tensor& ckpt_in, std::array<at::Tensor, 6>& grads, at::Tensor& grad_s0) {
   using acc_t = compute_t<io_t>;
+  using w_t = storage_t<w_scalar_t>;
   const int64_t n = in.head_size, nn = n * n;
-  const auto ptrs = input_ptrs<scalar_t>(in);
+  const auto ptrs = input_ptrs<scalar_t, w_scalar_t>(in);
   const io_t* gy = storage_ptr<scalar_t>(grad_y);
   const acc_t* gs = grad_state.defined() ? grad_state.const_data_ptr<acc_t>() : nullptr;
   const acc_t* ckpt = ckpt_in.const_data_ptr<acc_t>();
   io_t* out[6];
-  for (int i = 0; i < 6; ++i) out[i] = storage_ptr<scalar_t>(grads[i]);
+  for (int i = 0; i < 6; ++i) out[i] = i == 1 ? nullptr : storage_ptr<scalar_t>(grads[i]);
+  w_t* grad_w = storage_ptr<w_scalar_t>(grads[1]);
   acc_t* ds0 = grad_s0.data_ptr<acc_t>();
   const int64_t* cu = in.cu_seqlens.defined() ? in.cu_seqlens.const_data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, in.n_seqs * in.heads, 1, [&](int64_t begin, int64_t end) {
@@ -147,7 +171,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
         }
         for (int64_t l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
-          tok.template load<P>(in, ptrs.data(), base, decay, false);
+          tok.template load<P>(in, ptrs, base, decay, false);
           acc_t* next = &states[(l + 1) * nn];
           std::copy(&states[l * nn], &states[l * nn] + nn, next);
           for (int64_t i = 0; i < n; ++i) {
@@ -157,7 +181,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
         }
         for (int64_t l = len - 1; l >= 0; --l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
-          tok.template load<P>(in, ptrs.data(), base, decay, true);
+          tok.template load<P>(in, ptrs, base, decay, true);
           for (int64_t j = 0; j < n; ++j) dy[j] = wkv7::load<P>(gy[base + j]);
           const acc_t* prev = &states[l * nn];
           const acc_t* cur = &states[(l + 1) * nn];
@@ -184,7 +208,8 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
           }
           for (int64_t j = 0; j < n; ++j) {
             out[0][base + j] = wkv7::store<io_t, P>(dr[j]);
-            out[1][base + j] = wkv7::store<io_t, P>(dd[j] * tok.d[j] * tok.dlog[j]);
+            const compute_t<w_t> dw = dd[j] * tok.d[j] * tok.dlog[j];
+            grad_w[base + j] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dw);
             out[2][base + j] = wkv7::store<io_t, P>(dk[j]);
             out[4][base + j] = wkv7::store<io_t, P>(da[j]);
             out[5][base + j] = wkv7::store<io_t, P>(db[j]);
@@ -209,7 +234,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv7_forward_cpu(
   at::Tensor ckpt = wkv7::new_checkpoints(in, save_checkpoints);
   ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_forward_cpu", [&] {
     ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      forward_impl<io_t, kPrecision, scalar_t>(in, decay, save_checkpoints, y, final_state, ckpt);
+      dispatch_w<scalar_t>(in, [&](auto w_tag) {
+        using w_scalar_t = typename decltype(w_tag)::type;
+        forward_impl<io_t, kPrecision, scalar_t, w_scalar_t>(in, decay, save_checkpoints, y, final_state, ckpt);
+      });
     });
   });
   return {y, final_state, ckpt};
@@ -229,11 +257,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::Tensor gs = wkv7::check_grad_state(grad_final_state, in);
   const at::Tensor ckpt = checkpoints.contiguous();
   std::array<at::Tensor, 6> grads;
-  for (auto& g : grads) g = new_output_like(in.r);
+  for (int i = 0; i < 6; ++i) grads[i] = new_output_like(i == 1 ? in.w : in.r);
   at::Tensor grad_s0 = wkv7::new_state(in, in.n_seqs);
   ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_backward_cpu", [&] {
     ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      backward_impl<io_t, kPrecision, scalar_t>(in, decay, gy, gs, ckpt, grads, grad_s0);
+      dispatch_w<scalar_t>(in, [&](auto w_tag) {
+        using w_scalar_t = typename decltype(w_tag)::type;
+        backward_impl<io_t, kPrecision, scalar_t, w_scalar_t>(in, decay, gy, gs, ckpt, grads, grad_s0);
+      });
     });
   });
   return {grads[0], grads[1], grads[2], grads[3], grads[4], grads[5], grad_s0};
@@ -249,22 +280,25 @@ at::Tensor wkv7_step_cpu(const at::Tensor& r, const at::Tensor& w, const at::Ten
   at::Tensor y = new_output_like(in.r);
   ROPEWKV_DISPATCH_IO(r.scalar_type(), "wkv7_step_cpu", [&] {
     ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      using acc_t = compute_t<io_t>;
-      const auto ptrs = input_ptrs<scalar_t>(in);
-      io_t* out = storage_ptr<scalar_t>(y);
-      acc_t* S = state.data_ptr<acc_t>();
-      at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
-        Token<acc_t> tok(n);
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t base = task * n;
-          tok.template load<kPrecision>(in, ptrs.data(), base, decay, false);
-          for (int64_t i = 0; i < n; ++i) {
-            acc_t sa;
-            const acc_t yi = wkv7::step_row(S + task * nn + i * n, int(n), tok.r.data(), tok.d.data(),
-                                            tok.k.data(), tok.a.data(), tok.b.data(), tok.v[i], sa);
-            out[base + i] = wkv7::store<io_t, kPrecision>(yi);
+      dispatch_w<scalar_t>(in, [&](auto w_tag) {
+        using w_scalar_t = typename decltype(w_tag)::type;
+        using acc_t = compute_t<io_t>;
+        const auto ptrs = input_ptrs<scalar_t, w_scalar_t>(in);
+        io_t* out = storage_ptr<scalar_t>(y);
+        acc_t* S = state.data_ptr<acc_t>();
+        at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+          Token<acc_t> tok(n);
+          for (int64_t task = begin; task < end; ++task) {
+            const int64_t base = task * n;
+            tok.template load<kPrecision>(in, ptrs, base, decay, false);
+            for (int64_t i = 0; i < n; ++i) {
+              acc_t sa;
+              const acc_t yi = wkv7::step_row(S + task * nn + i * n, int(n), tok.r.data(), tok.d.data(),
+                                              tok.k.data(), tok.a.data(), tok.b.data(), tok.v[i], sa);
+              out[base + i] = wkv7::store<io_t, kPrecision>(yi);
+            }
           }
-        }
+        });
       });
     });
   });

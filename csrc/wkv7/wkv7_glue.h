@@ -24,16 +24,18 @@ inline Decay decay_from(int64_t code) {
   return static_cast<Decay>(code);
 }
 
-// r..b share shape, dtype and device; `dims` is 4 for the sequence op ([B, T, H, N]) and 3 for the step ([B, H, N]).
+// r..b share shape and device, and r, k, v, a, b a dtype; w (the decay input) may have its own float dtype, e.g.
+// fp32 beside bf16 r..b under autocast. `dims` is 4 for the sequence op ([B, T, H, N]) and 3 for the step ([B, H, N]).
 inline void check_same(const at::Tensor* xs, int64_t dims, bool allow_fp64) {
   static const char* names[] = {"r", "w", "k", "v", "a", "b"};
   TORCH_CHECK_VALUE(xs[0].dim() == dims, "r must have ", dims, " dimensions, got shape ", xs[0].sizes());
   check_io_dtype(xs[0], "r", allow_fp64);
+  check_io_dtype(xs[1], "w", allow_fp64);
   for (int i = 1; i < 6; ++i) {
     TORCH_CHECK_VALUE(xs[i].sizes() == xs[0].sizes(), names[i], " has shape ", xs[i].sizes(), " but r has ",
                       xs[0].sizes());
-    TORCH_CHECK_TYPE(xs[i].scalar_type() == xs[0].scalar_type(), names[i], " has dtype ", xs[i].scalar_type(),
-                     " but r has ", xs[0].scalar_type());
+    TORCH_CHECK_TYPE(i == 1 || xs[i].scalar_type() == xs[0].scalar_type(), names[i], " has dtype ",
+                     xs[i].scalar_type(), " but r has ", xs[0].scalar_type());
     check_same_device(xs[i], xs[0], names[i], "r");
   }
 }

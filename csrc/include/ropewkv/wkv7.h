@@ -18,6 +18,8 @@
 // blow up (RWKV-LM: "everything must be in fp32 because w can be very close to 1"). Precision::kBF16 is RWKV-LM's
 // bf16 mode: only I/O values pass through bf16 rounding (inputs on load, y and input gradients on store). For bf16
 // tensors the two modes therefore coincide; for fp32/fp16 tensors kBF16 reproduces the bf16 kernel's numerics.
+// w, the decay input, may come in its own type (fp32 beside bf16 r..b under autocast): it is read at that type, so
+// the decay keeps fp32 precision; the bf16 mode rounds it too (RWKV-LM's bf16 kernels take a bf16 w): kDecayMode.
 #include <type_traits>
 
 #include "ropewkv/decay.h"
@@ -39,6 +41,11 @@ ROPEWKV_HD compute_t<io_t> load(io_t x) {
   if constexpr (P == Precision::kBF16 && !std::is_same_v<io_t, double>) return widen(narrow<bf16_t>(v));
   return v;
 }
+
+// The mode w (and its gradient) go through when w has its own type: the I/O's, except that fp64 I/O ignores the
+// mode (as load and store do for fp64 values).
+template <Precision P, typename io_t>
+inline constexpr Precision kDecayMode = std::is_same_v<io_t, double> ? Precision::kFP32 : P;
 
 // A computed value stored as an I/O value (through bf16 first in the bf16 mode).
 template <typename io_t, Precision P>

@@ -17,7 +17,8 @@ class RotaryEmbedding(torch.nn.Module):
         base: rope_theta.
         rope_scaling: HF's rope_parameters dict without rope_theta, e.g. {"rope_type": "llama3", "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}; rope_type one
-            of default, linear, dynamic, yarn, llama3, longrope. None: default RoPE.
+            of default, linear, dynamic, yarn, llama3, longrope. None: default RoPE. With "mrope_section" (and
+            "mrope_interleaved"), as Qwen2-VL / Qwen3-VL configs carry them, it is M-RoPE: positions [3, B, S].
         max_position_embeddings: the model's context length (needed by dynamic, and by yarn/longrope without
             original_max_position_embeddings).
         interleaved: GPT-J pairs (x[2i], x[2i+1]) instead of NeoX halves.
@@ -36,8 +37,12 @@ class RotaryEmbedding(torch.nn.Module):
         self.dim, self.base, self.interleaved = dim, float(base), interleaved
         self.rope_scaling = dict(rope_scaling or {})
         self.rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+        if self.rope_type == "mrope":  # HF's legacy spelling of default RoPE with an mrope_section
+            self.rope_type = self.rope_scaling["rope_type"] = "default"
+        self.mrope_section = self.rope_scaling.pop("mrope_section", None)
+        self.mrope_interleaved = bool(self.rope_scaling.pop("mrope_interleaved", False))
         self.max_position_embeddings = max_position_embeddings
-        inv_freq, self.attention_scaling = compute_inv_freq(dim, base, rope_scaling, max_position_embeddings)
+        inv_freq, self.attention_scaling = compute_inv_freq(dim, base, self.rope_scaling, max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.original_inv_freq = inv_freq
         self.max_seq_len_cached = max_position_embeddings
@@ -78,4 +83,5 @@ class RotaryEmbedding(torch.nn.Module):
             self._update_for(self._seq_len(q, layout, positions, seqlen_offsets, cu_seqlens))
         return rope(q, k, inv_freq=self.inv_freq, positions=positions, seqlen_offsets=seqlen_offsets,
                     cu_seqlens=cu_seqlens, layout=layout, interleaved=self.interleaved,
-                    attention_scaling=self.attention_scaling, inplace=inplace, precision=precision, backend=backend)
+                    attention_scaling=self.attention_scaling, inplace=inplace, precision=precision, backend=backend,
+                    mrope_section=self.mrope_section, mrope_interleaved=self.mrope_interleaved)

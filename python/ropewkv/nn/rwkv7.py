@@ -12,6 +12,10 @@ RWKV-7 conventions side by side (per head; N = head size; ropewkv.wkv7 speaks al
 The three decays are one function of the LoRA output x: loglog w = -softplus(-x) - 0.5, log w = -e^-0.5 sigmoid(x).
 RWKV-LM's model computes the loglog w in the I/O dtype; this module hands x to the kernel (decay="raw"), which
 computes the same decay in fp32 (the FLA #181 fix).
+
+Mixed precision (torch.autocast, CPU or CUDA): the matmuls run in the autocast dtype and the kernel's r, k, v, a, b
+are cast to it, while the decay path stays fp32: its LoRA runs with autocast off and the kernel reads the fp32 x at
+full precision (a bf16 decay near 1 would forget over long sequences).
 """
 from __future__ import annotations
 
@@ -124,7 +128,10 @@ class RWKV7TimeMix(nn.Module):
         xr, xw, xk, xv, xa, xg = (x + xx * mix for mix in (self.x_r, self.x_w, self.x_k, self.x_v, self.x_a,
                                                            self.x_g))
         r = self.receptance(xr)
-        w = self.w0 + torch.tanh(xw @ self.w1) @ self.w2  # the raw pre-activation: the kernel applies the decay
+        with torch.autocast(x.device.type, enabled=False):  # the decay path in fp32 (fp64 for an fp64 module)
+            decay_dtype = torch.promote_types(xw.dtype, torch.float32)
+            w1, w2, w0 = (p.to(decay_dtype) for p in (self.w1, self.w2, self.w0))
+            w = w0 + torch.tanh(xw.to(decay_dtype) @ w1) @ w2  # the raw pre-activation: the kernel applies the decay
         k = self.key(xk)
         v = self.value(xv)
         if self.layer_id == 0:
@@ -136,9 +143,12 @@ class RWKV7TimeMix(nn.Module):
         kk = F.normalize((k * self.k_k).view(B, T, H, N), dim=-1, p=2.0).view(B, T, C)
         k = k * (1 + (a - 1) * self.k_a)
 
-        heads = [t.view(B, T, H, N) for t in (r, w, k, v, -kk, kk * a)]
+        # r, k, v, a, b in r's dtype (under autocast the autocast dtype; there k, v, a come out fp32 from the fp32
+        # parameters they meet); w keeps its own.
+        heads = [t.view(B, T, H, N) for t in (r, w, *(u.to(r.dtype) for u in (k, v, -kk, kk * a)))]
         if state is not None and T == 1 and not torch.is_grad_enabled():
-            y = wkv7_step(*(t[:, 0] for t in heads), state.wkv, decay="raw", backend=self.backend).unsqueeze(1)
+            y = wkv7_step(*(t[:, 0] for t in heads), state.wkv, decay="raw", precision=self.precision,
+                          backend=self.backend).unsqueeze(1)
         else:
             y, final = wkv7(*heads, initial_state=None if state is None else state.wkv,
                             output_final_state=state is not None, decay="raw", precision=self.precision,

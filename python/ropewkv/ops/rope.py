@@ -5,12 +5,14 @@ Ops (all opaque custom ops with fake kernels and autograd, so torch.compile(full
   - ropewkv::rope_triton / rope_triton_ / rope_cos_sin_triton: the Triton twin (triton_kernels/rope.py).
 Every twin gets the same normalised arguments, built here: q and k as [B, S, H, D] views (layouts are transposes,
 never copies, unless stride(-1) != 1), positions None or an int32/int64 [B, S] view, seqlen_offsets None or int64 [B]
-([n_seqs] for varlen), cu_seqlens None or int32/int64 [n_seqs + 1], inv_freq fp32 contiguous [rotary_dim / 2].
+([n_seqs] for varlen), cu_seqlens None or int32/int64 [n_seqs + 1], inv_freq fp32 contiguous [rotary_dim / 2],
+then interleaved, conjugate, attention_scaling, precision, and the M-RoPE section (None for plain RoPE; positions are
+then [3, B, S]) and layout flag.
 The backward is the forward with conjugate=True (the transpose of the rotation: sin -> -sin).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -33,12 +35,14 @@ def _outputs(q: torch.Tensor, k: Optional[torch.Tensor]) -> list[torch.Tensor]:
 @torch.library.custom_op("ropewkv::rope_triton", mutates_args=())
 def _rope_triton(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Tensor, positions: Optional[torch.Tensor],
                  seqlen_offsets: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], interleaved: bool,
-                 conjugate: bool, attention_scaling: float, precision: int) -> list[torch.Tensor]:
+                 conjugate: bool, attention_scaling: float, precision: int, mrope_section: Optional[list[int]],
+                 mrope_interleaved: bool) -> list[torch.Tensor]:
     from ..triton_kernels import rope as kernels
 
     out = _outputs(q, k)
     kernels.rope_forward(q, k, out[0], out[1] if k is not None else None, inv_freq, positions, seqlen_offsets,
-                         cu_seqlens, interleaved, conjugate, attention_scaling, precision == 1)
+                         cu_seqlens, interleaved, conjugate, attention_scaling, precision == 1, mrope_section,
+                         mrope_interleaved)
     return out
 
 
@@ -46,11 +50,12 @@ def _rope_triton(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Ten
 def _rope_triton_inplace(q: torch.Tensor, k: Optional[torch.Tensor], inv_freq: torch.Tensor,
                          positions: Optional[torch.Tensor], seqlen_offsets: Optional[torch.Tensor],
                          cu_seqlens: Optional[torch.Tensor], interleaved: bool, conjugate: bool,
-                         attention_scaling: float, precision: int) -> None:
+                         attention_scaling: float, precision: int, mrope_section: Optional[list[int]],
+                         mrope_interleaved: bool) -> None:
     from ..triton_kernels import rope as kernels
 
     kernels.rope_forward(q, k, q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, interleaved, conjugate,
-                         attention_scaling, precision == 1)
+                         attention_scaling, precision == 1, mrope_section, mrope_interleaved)
 
 
 @torch.library.custom_op("ropewkv::rope_cos_sin_triton", mutates_args=())
@@ -95,13 +100,13 @@ def _register(functional: str, inplace: str, cos_sin: str) -> None:
     torch.library.register_fake(inplace)(_fake_inplace)
 
     def setup(ctx, inputs, output):
-        q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate, scaling, precision = inputs
+        q, k, inv_freq, positions, offsets, cu_seqlens, interleaved, conjugate, *rest = inputs
         ctx.has_k = k is not None
         ctx.save_for_backward(inv_freq, positions, offsets, cu_seqlens)
-        ctx.flags = (interleaved, not conjugate, scaling, precision)
+        ctx.flags = (interleaved, not conjugate, *rest)  # scaling, precision, mrope_section, mrope_interleaved
 
     def backward(ctx, grads):
-        return (*_grads(ctx, grads, op, (*ctx.saved_tensors, *ctx.flags)),) + (None,) * 8
+        return (*_grads(ctx, grads, op, (*ctx.saved_tensors, *ctx.flags)),) + (None,) * 10
 
     def setup_cos_sin(ctx, inputs, output):
         q, k, cos, sin, interleaved, conjugate, precision = inputs
@@ -121,11 +126,20 @@ if _backend._C is not None:
     _register("ropewkv::rope", "ropewkv::rope_", "ropewkv::rope_cos_sin")
 
 
+_OP_HANDLES: dict = {}  # backend -> its ops: looked up once, not through torch.ops on every call
+
+
 def _ops(backend: str):
     """(functional, in-place, cos/sin) ops of a kernel backend; cpu and cuda share the dispatched C++ ops."""
-    if backend == "triton":
-        return torch.ops.ropewkv.rope_triton, torch.ops.ropewkv.rope_triton_, torch.ops.ropewkv.rope_cos_sin_triton
-    return torch.ops.ropewkv.rope, torch.ops.ropewkv.rope_, torch.ops.ropewkv.rope_cos_sin
+    handles = _OP_HANDLES.get(backend)
+    if handles is None:
+        if backend == "triton":
+            handles = (torch.ops.ropewkv.rope_triton, torch.ops.ropewkv.rope_triton_,
+                       torch.ops.ropewkv.rope_cos_sin_triton)
+        else:
+            handles = torch.ops.ropewkv.rope, torch.ops.ropewkv.rope_, torch.ops.ropewkv.rope_cos_sin
+        _OP_HANDLES[backend] = handles
+    return handles
 
 
 class _InplaceRope(torch.autograd.Function):
@@ -217,6 +231,8 @@ def _offsets(seqlen_offsets, n: int, q: torch.Tensor) -> Optional[torch.Tensor]:
         if off.dim() > 1 or (off.dim() == 1 and off.numel() != n):
             raise ValueError(f"seqlen_offsets must be an int or a [{n}] tensor, got shape {tuple(off.shape)}")
         _check_cpu_nonnegative(off, "seqlen_offsets")
+        if off.dtype == torch.int64 and off.dim() == 1 and off.is_contiguous():
+            return off  # already what the ops take (the usual decode call): no conversion calls
         return off.to(torch.int64).expand(n).contiguous()
     if not isinstance(seqlen_offsets, int) or isinstance(seqlen_offsets, bool):
         raise TypeError(f"seqlen_offsets must be an int or an integer tensor, got {type(seqlen_offsets).__name__}")
@@ -229,18 +245,43 @@ def _offsets(seqlen_offsets, n: int, q: torch.Tensor) -> Optional[torch.Tensor]:
     return torch.full((n,), seqlen_offsets, dtype=torch.int64, device=q.device)
 
 
-def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor) -> Optional[torch.Tensor]:
+def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor, mrope: bool) -> Optional[torch.Tensor]:
     if positions is None:
+        if mrope:
+            raise ValueError("mrope_section needs positions of shape [3, B, S] ([3, T] for layout 'thd')")
         return None
     pos = _index_tensor(positions, "positions", q)
-    target = (seqlen,) if thd else (batch, seqlen)
+    target = ((seqlen,) if thd else (batch, seqlen))
+    if mrope:
+        target = (3,) + target
+        if pos.dim() != len(target) or pos.shape[0] != 3:
+            raise ValueError(f"positions for M-RoPE must have shape {target} (rows temporal, height, width), got "
+                             f"{tuple(positions.shape)}")
     try:
         pos = pos.expand(target)
     except RuntimeError:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to {target}") from None
     if pos.device.type == "cpu" and pos.numel() and int(pos.abs().max()) >= MAX_EXACT_POSITION:
         raise ValueError("positions must be < 2^24 in magnitude (positions are exact in fp32 below that)")
-    return pos.unsqueeze(0) if thd else pos
+    return pos.unsqueeze(-2) if thd else pos
+
+
+def _mrope_section(mrope_section, mrope_interleaved, rotary_dim: int) -> Optional[list[int]]:
+    """The checked M-RoPE section as a list (None for plain RoPE)."""
+    if mrope_section is None:
+        if mrope_interleaved:
+            raise ValueError("mrope_interleaved=True needs mrope_section")
+        return None
+    section = list(mrope_section)
+    if (len(section) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in section)
+            or sum(section) != rotary_dim // 2):
+        raise ValueError(f"mrope_section must be 3 non-negative ints (temporal, height, width) summing to "
+                         f"rotary_dim / 2 = {rotary_dim // 2}, got {mrope_section!r}")
+    if mrope_interleaved and any(3 * (n - 1) + row >= rotary_dim // 2 for row, n in ((1, section[1]), (2, section[2]))
+                                 if n):
+        raise ValueError(f"mrope_section {section} does not fit interleaved in {rotary_dim // 2} frequencies: "
+                         "height and width take every third one from 1 and 2")
+    return section
 
 
 class _Normalised(NamedTuple):
@@ -252,7 +293,7 @@ class _Normalised(NamedTuple):
 
 
 def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
-                    attention_scaling, precision, backend) -> _Normalised:
+                    attention_scaling, precision, backend, mrope_section=None, mrope_interleaved=False) -> _Normalised:
     _checks.check_tensor(q, "q")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -282,32 +323,40 @@ def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layou
         raise ValueError(f"rotary_dim {rotary_dim} (2 * len(inv_freq) by default) exceeds head_dim {head_dim}")
     if rotary_dim > 2 * inv_freq.numel():
         raise ValueError(f"rotary_dim {rotary_dim} needs {rotary_dim // 2} frequencies, inv_freq has {inv_freq.numel()}")
-    inv = inv_freq[: rotary_dim // 2].to(torch.float32).contiguous()
+    inv = inv_freq
+    if inv.dtype != torch.float32 or inv.numel() != rotary_dim // 2 or not inv.is_contiguous():
+        inv = inv_freq[: rotary_dim // 2].to(torch.float32).contiguous()
     if cu_seqlens is not None and layout != "thd":
         raise ValueError(f"cu_seqlens needs layout='thd', got layout={layout!r}")
     cu = _cu_seqlens(cu_seqlens, seqlen, q) if cu_seqlens is not None else None
     n_offsets = cu.numel() - 1 if cu is not None else batch
     offsets = _offsets(seqlen_offsets, n_offsets, q)
-    pos = _positions(positions, batch, seqlen, layout == "thd", q)
+    section = _mrope_section(mrope_section, mrope_interleaved, rotary_dim)
+    pos = _positions(positions, batch, seqlen, layout == "thd", q, section is not None)
     if not isinstance(attention_scaling, (int, float)):
         raise TypeError(f"attention_scaling must be a float, got {type(attention_scaling).__name__}")
     args = (inv, pos, offsets, cu, bool(interleaved), False, float(attention_scaling),
-            _backend.precision_code(precision))
+            _backend.precision_code(precision), section, bool(mrope_interleaved))
     return _Normalised(_stride1(q4), _stride1(k4), args, resolved, precision)
 
 
 def _reference_rope(n: _Normalised, x4: torch.Tensor) -> torch.Tensor:
     """The eager path: fp32 math (fp64 for fp64), or HF's low-precision eager arithmetic for precision="bf16"."""
     inv, pos, offsets, cu = n.args[:4]
+    section, mrope_interleaved = n.args[8:10]
     batch, seqlen = x4.shape[:2]
-    if cu is not None:
-        positions = reference.token_positions(1, seqlen, None if pos is None else pos[0],
-                                              0 if offsets is None else offsets, cu).view(1, seqlen)
-    else:
-        positions = reference.token_positions(batch, seqlen, pos, 0 if offsets is None else offsets)
+
+    def row_positions(row_pos):  # the absolute positions of one row of positions (plain RoPE: the only one)
+        if cu is not None:
+            return reference.token_positions(1, seqlen, None if row_pos is None else row_pos[0],
+                                             0 if offsets is None else offsets, cu).view(1, seqlen)
+        return reference.token_positions(batch, seqlen, row_pos, 0 if offsets is None else offsets)
+
+    positions = row_positions(pos) if section is None else torch.stack([row_positions(row) for row in pos])
     low = n.precision == "bf16" and x4.dtype in (torch.float16, torch.bfloat16)
     compute = _backend.compute_dtype(x4.dtype)
-    cos, sin = reference.cos_sin(positions.to(x4.device), inv, n.args[6], compute)
+    rows = None if section is None else reference.mrope_rows(inv.numel(), section, mrope_interleaved)
+    cos, sin = reference.cos_sin(positions.to(x4.device), inv, n.args[6], compute, rows)
     cos, sin = (cos.to(x4.dtype), sin.to(x4.dtype)) if low else (cos, sin)
     out = reference.rotate(x4 if low else x4.to(compute), cos.unsqueeze(2), sin.unsqueeze(2), n.args[4])
     return out.to(x4.dtype)
@@ -321,7 +370,8 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
          positions: Optional[torch.Tensor] = None, seqlen_offsets=0, cu_seqlens: Optional[torch.Tensor] = None,
          max_seqlen: Optional[int] = None, layout: str = "bshd", interleaved: bool = False,
          rotary_dim: Optional[int] = None, attention_scaling: float = 1.0, inplace: bool = False,
-         precision: Optional[str] = None, backend: str = "auto"):
+         precision: Optional[str] = None, backend: str = "auto", mrope_section: Optional[Sequence[int]] = None,
+         mrope_interleaved: bool = False):
     """Rotary position embedding of q (and k) in one fused launch, the angle computed in the kernel.
 
     Args:
@@ -344,6 +394,11 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
         precision: "fp32" (math in fp32: the default build), "bf16" (HF eager low-precision arithmetic: cos/sin
             rounded to q's dtype, then every product and sum rounded to it), or None for the build default.
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
+        mrope_section: M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): (temporal, height, width) frequency counts summing to
+            rotary_dim / 2, e.g. [16, 24, 24]; positions is then [3, B, S] ([3, T] for "thd"), one row each, and
+            frequency i is turned by the position of its row. seqlen_offsets add to every row.
+        mrope_interleaved: False: the rows own consecutive chunks of frequencies (Qwen2/2.5-VL: T..T H..H W..W);
+            True: they alternate T H W T H W ... while height and width have frequencies left, then T (Qwen3-VL).
     Returns:
         The rotated q, or (q, k), in q's layout and dtype.
 
@@ -352,7 +407,7 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
     cos/sin cache is read. Backward: the same kernel with sin negated.
     """
     n = _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
-                        attention_scaling, precision, backend)
+                        attention_scaling, precision, backend, mrope_section, mrope_interleaved)
     if inplace:
         for name, x4 in (("q", n.q4), ("k", n.k4)):
             if x4 is not None and x4.data_ptr() != (q if name == "q" else k).data_ptr() and x4.numel():
@@ -368,16 +423,17 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
         _rope_inplace(n, q, k, layout)
         return q if k is None else (q, k)
     else:
-        outs = _ops(n.backend)[0](n.q4, n.k4, *n.args)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
+        outs = _backend.call_op(_ops(n.backend)[0], needs_grad, n.q4, n.k4, *n.args)
     outs = [_from_bshd(o, layout) for o in outs]
     return outs[0] if k is None else (outs[0], outs[1])
 
 
-def _table_views(x: torch.Tensor, cos_u: torch.Tensor, target: tuple, axis: int):
-    """x with its head axis moved to dim 2 ([B', S', H, D]) and the [B', S', R] view of the table (cos_u, size 1 on
-    that axis) broadcast over the other axes."""
-    one_head = target[:axis] + (1,) + target[axis + 1:]
-    return x.movedim(axis, 2), cos_u.expand(one_head).movedim(axis, 2).select(2, 0)
+def _table_view(table_u: torch.Tensor, x: torch.Tensor, rot: int, axis: int) -> torch.Tensor:
+    """The [B', S', R] view of an unsqueezed cos/sin table (size 1 on x's head axis `axis`) broadcast over x's other
+    axes, in the order of x.movedim(axis, 2)."""
+    one_head = x.shape[:axis] + (1,) + x.shape[axis + 1:-1] + (rot,)
+    return table_u.expand(one_head).select(axis, 0)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
@@ -422,29 +478,26 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     axis = unsqueeze_dim % cos_u.dim() + q.dim() - cos_u.dim()
     if not 0 <= axis <= 2:
         raise ValueError(f"unsqueeze_dim={unsqueeze_dim} does not select a head axis of q {tuple(q.shape)}")
-    outs = []
     for name, x in (("q", q), ("k", k)):
         target = x.shape[:-1] + (rot,)
-        try:
-            if torch.broadcast_shapes(cos_u.shape, target) != target:
-                raise RuntimeError
-        except RuntimeError:
+        if not _checks.broadcasts_to(cos_u.shape, target):
             raise ValueError(f"cos/sin {tuple(cos.shape)} unsqueezed at {unsqueeze_dim} do not broadcast to "
-                             f"{name}[..., :{rot}] {tuple(target)}") from None
-        x4, c3 = _table_views(x, cos_u, target, axis)
-        _, s3 = _table_views(x, sin_u, target, axis)
-        outs.append((x4, c3, s3))
-    (q4, c3, s3), (k4, kc3, ks3) = outs
+                             f"{name}[..., :{rot}] {tuple(target)}")
+    q4, k4 = q.movedim(axis, 2), k.movedim(axis, 2)
+    fused = q.dtype == k.dtype and q4.shape[:2] == k4.shape[:2]
+    c3, s3 = (_table_view(t, q, rot, axis) for t in (cos_u, sin_u))
+    kc3, ks3 = (c3, s3) if fused else (_table_view(t, k, rot, axis) for t in (cos_u, sin_u))
     if resolved != "cpu" and cos.dtype == torch.float64:  # only the CPU twin reads fp64 tables
         c3, s3, kc3, ks3 = (t.to(torch.float32) for t in (c3, s3, kc3, ks3))
-    fused = q.dtype == k.dtype and q4.shape[:2] == k4.shape[:2]
     code = _backend.precision_code(resolved_precision)
     if q.numel() == 0 and k.numel() == 0:
         return q.clone(), k.clone()
     if resolved == "reference":
         results = [_reference_cos_sin(x4, c, s, resolved_precision) for x4, c, s in ((q4, c3, s3), (k4, kc3, ks3))]
     elif fused:
-        results = _ops(resolved)[2](_stride1(q4), _stride1(k4), c3, s3, False, False, code)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        results = _backend.call_op(_ops(resolved)[2], needs_grad, _stride1(q4), _stride1(k4), c3, s3, False, False,
+                                   code)
     else:
         op = _ops(resolved)[2]
         results = [op(_stride1(x4), None, c, s, False, False, code)[0] for x4, c, s in ((q4, c3, s3), (k4, kc3, ks3))]

@@ -1,5 +1,5 @@
-"""ropewkv.patch.fla: route flash-linear-attention's RWKV-7 ops to ropewkv.compat.fla (same arguments and
-conventions: log decay, state [N, H, K, V]; ours also has a backward for the fused_recurrent form)."""
+"""ropewkv.patch.fla: route flash-linear-attention's RWKV-7 ops to ropewkv.compat.fla (FLA 0.6.0's signatures and
+conventions: log decay, state [N, H, K, V]; ours also have a backward for the two fused forms)."""
 from __future__ import annotations
 
 import importlib
@@ -9,18 +9,19 @@ from typing import Optional
 
 from ._handle import PatchHandle
 
-FUNCTIONS = ("chunk_rwkv7", "fused_recurrent_rwkv7")
-# Where FLA defines the ops and re-exports them (fla/ops/rwkv7/__init__.py imports from .chunk and .fused_recurrent).
+FUNCTIONS = ("chunk_rwkv7", "fused_recurrent_rwkv7", "fused_mul_recurrent_rwkv7")
+# Where FLA defines the ops and re-exports them (fla/ops/rwkv7/__init__.py imports from .chunk and .fused_recurrent;
+# RWKV7Attention trains with chunk_rwkv7 and infers with fused_mul_recurrent_rwkv7 below 64 tokens).
 FLA_MODULES = ("fla.ops.rwkv7", "fla.ops.rwkv7.chunk", "fla.ops.rwkv7.fused_recurrent")
 
 
 def fla(module: Optional[types.ModuleType] = None) -> PatchHandle:
-    """Make FLA users call ropewkv.compat.fla.chunk_rwkv7 / fused_recurrent_rwkv7.
+    """Make FLA users call ropewkv.compat.fla's chunk_rwkv7 / fused_recurrent_rwkv7 / fused_mul_recurrent_rwkv7.
 
     Args:
-        module: None: rebind the two names in FLA's own modules (fla.ops.rwkv7 and the files defining them) and in
+        module: None: rebind the three names in FLA's own modules (fla.ops.rwkv7 and the files defining them) and in
             every already-imported module that holds FLA's original functions under those names (e.g. fla.layers.rwkv7,
-            which did `from fla.ops.rwkv7 import chunk_rwkv7`). Modules imported after the patch that import from
+            which did `from fla.ops.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7`). Modules imported after the patch that import from
             fla.ops.rwkv7 get ours. Raises ModuleNotFoundError if fla is not installed.
             A module: rebind those names in that module only (FLA itself need not be installed).
     Returns:

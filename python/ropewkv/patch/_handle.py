@@ -22,7 +22,9 @@ class PatchHandle:
     def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
         self._saved.append((owner, attribute, getattr(owner, attribute)))
         setattr(owner, attribute, replacement)
-        self.patched.append(f"{getattr(owner, '__name__', owner)}.{attribute}")
+        is_class = isinstance(owner, type)
+        name = f"{owner.__module__}.{owner.__qualname__}" if is_class else getattr(owner, "__name__", owner)
+        self.patched.append(f"{name}.{attribute}")
 
     def undo(self) -> None:
         """Restore every replaced attribute (idempotent)."""

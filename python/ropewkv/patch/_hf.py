@@ -1,11 +1,19 @@
 """ropewkv.patch.transformers: swap the fused RoPE into HF transformers' modeling code.
 
-How HF calls RoPE (transformers 5.x): every attention forward calls `apply_rotary_pos_emb(q, k, cos, sin)` by name,
-a global of its own modeling module (each model's modeling_*.py holds its own copy; Mistral, Qwen2, ... do not import
-Llama's). `@use_kernel_forward_from_hub("rotary_pos_emb")` on that function and `@use_kernelized_func(...)` on the
-attention class are identities unless the `kernels` package is installed; with it, they only register the function
-for a later, explicit `kernels.kernelize(model)`, and the forward still looks the global up at call time. So
-rebinding the module global is what makes the model call ours; a `kernelize()` run afterwards may override it.
+How HF calls RoPE (transformers 5.x): the model's rotary module (`LlamaRotaryEmbedding`, `Qwen2VLRotaryEmbedding`, ...)
+turns position_ids into cos/sin tables once per forward: `position_ids.float() * inv_freq` (an fp32 product whose
+rounding grows with the position: 0.03 rad at 2^20), cos/sin cast to the model dtype (bf16: 2^-9). Every attention
+forward then calls `apply_rotary_pos_emb(q, k, cos, sin)` by name, a global of its own modeling module (each model's
+modeling_*.py holds its own copy; Mistral, Qwen2, ... do not import Llama's). `@use_kernel_forward_from_hub
+("rotary_pos_emb")` on that function and `@use_kernelized_func(...)` on the attention class are identities unless a
+`kernels` version that transformers accepts is installed; with it, the function becomes a module object that a later,
+explicit `kernelize()` may re-point (ropewkv.hub ships a layer for that), and the forward still looks the global up
+at call time. So rebinding the module global is what makes the model call ours.
+
+The precision promise needs the tables too: by default the rotary modules' `forward` is replaced (class attribute)
+by one that returns fp32 tables of exact angles (position * inv_freq in fp64, where the product of a position below
+2^24 and an fp32 inv_freq is exact; cos/sin rounded once to fp32), keeping HF's dynamic_rope_update (dynamic NTK,
+longrope) and attention_scaling. So the fused op rounds once, to q's dtype: 0.5 ulp at any position.
 """
 from __future__ import annotations
 
@@ -17,14 +25,21 @@ from typing import Optional, Union
 
 import torch
 
+from .. import _backend
+from ..reference import rope as reference
 from ..reference.rope import hf_apply_rotary_pos_emb
 from ._handle import PatchHandle
 
 # Architectures whose apply_rotary_pos_emb is HF's q*cos + rotate_half(q)*sin (full or, for gpt_neox/phi3,
 # partial rotary). Every candidate is also probed before it is patched.
 DEFAULT_MODELS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-                  "granite", "olmo", "olmo2", "phi3", "gpt_neox", "starcoder2", "stablelm")
+                  "granite", "olmo", "olmo2", "phi3", "gpt_neox", "starcoder2", "stablelm", "qwen2_vl", "qwen2_5_vl",
+                  "qwen3_vl")
 FUNCTION = "apply_rotary_pos_emb"
+ROTARY_SUFFIX = "RotaryEmbedding"
+# The table layouts a rotary module may compose: plain RoPE, or M-RoPE from [3, B, S] positions in chunked
+# (Qwen2/2.5-VL) or interleaved (Qwen3-VL) sections.
+PLAIN, MROPE_CHUNKED, MROPE_INTERLEAVED = "plain", "mrope", "mrope interleaved"
 
 
 def _probe(function) -> Optional[str]:
@@ -55,6 +70,81 @@ def _hf_replacement(precision: Optional[str], backend: str):
     apply_rotary_pos_emb.__doc__ = f"ropewkv's fused apply_rotary_pos_emb (precision={precision!r}, backend={backend!r})."
     apply_rotary_pos_emb._ropewkv = True
     return apply_rotary_pos_emb
+
+
+def exact_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float, layout: str,
+                  mrope_section=None, dtype: torch.dtype = torch.float32):
+    """HF's (cos, sin) tables [B, S, 2n] (n = len(inv_freq), the two halves equal) of the exact angles
+    position * inv_freq, times attention_scaling, rounded once to `dtype`. M-RoPE layouts take position_ids [3, B, S]
+    (or [B, S], broadcast to the three rows, as HF does) and give frequency i the position of its section's row."""
+    rows = None
+    if layout != PLAIN:
+        position_ids = position_ids.expand(3, *position_ids.shape[-2:])
+        rows = reference.mrope_rows(inv_freq.numel(), mrope_section, layout == MROPE_INTERLEAVED)
+    # fp64: the product of an integer position (< 2^24 here, 24 bits) and an fp32 inv_freq is exact.
+    cos, sin = reference.cos_sin(position_ids, inv_freq, attention_scaling, torch.float64, rows)
+    return torch.cat((cos, cos), -1).to(dtype), torch.cat((sin, sin), -1).to(dtype)
+
+
+def _exact_rotary_forward(layout: str):
+    """A rotary module forward(x, position_ids) returning exact fp32 tables (fp64 for an fp64 model), under HF's own
+    dynamic_rope_update: dynamic NTK regrows inv_freq with the current length and longrope switches factors exactly
+    as in HF's forward, and attention_scaling (yarn, longrope) multiplies cos and sin."""
+    from transformers.modeling_rope_utils import dynamic_rope_update
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x, position_ids):
+        return exact_cos_sin(position_ids, self.inv_freq, self.attention_scaling, layout,
+                             getattr(self, "mrope_section", None), torch.promote_types(x.dtype, torch.float32))
+
+    forward._ropewkv = True
+    return forward
+
+
+def _probe_rotary(cls) -> tuple[Optional[str], Optional[str]]:
+    """(layout, None) if the rotary module class builds HF's tables of one of our layouts, else (None, why not). Runs
+    the class's own forward on a bare instance (4 frequencies, M-RoPE section [2, 1, 1], default rope type) at
+    positions below 16, where HF's fp32 angle errs by < 1e-6 rad, against exact_cos_sin."""
+    probe = cls.__new__(cls)
+    torch.nn.Module.__init__(probe)
+    probe.inv_freq, probe.attention_scaling = reference.default_inv_freq(8), 1.0
+    probe.rope_type, probe.mrope_section = "default", [2, 1, 1]
+    x = torch.zeros(1)
+    generator = torch.Generator().manual_seed(0)
+    positions = torch.randint(0, 16, (3, 1, 6), generator=generator)
+
+    def matches(got, layout, position_ids) -> bool:
+        want = exact_cos_sin(position_ids, probe.inv_freq, 1.0, layout, probe.mrope_section)
+        return (isinstance(got, tuple) and len(got) == 2 and all(g.shape == w.shape for g, w in zip(got, want))
+                and all(torch.allclose(g.double(), w.double(), rtol=0, atol=1e-5) for g, w in zip(got, want)))
+
+    try:
+        if not matches(cls.forward(probe, x, positions[0]), PLAIN, positions[0]):
+            return None, "builds tables other than HF's cat(cos, cos) of position * inv_freq"
+    except Exception as error:  # an unfamiliar signature or state is a reason to skip, not to fail
+        return None, f"probe call failed: {type(error).__name__}: {error}"
+    try:
+        three_rows = cls.forward(probe, x, positions)
+    except Exception:  # a plain rotary module need not take [3, B, S] positions
+        return PLAIN, None
+    for layout in (MROPE_CHUNKED, MROPE_INTERLEAVED):
+        if matches(three_rows, layout, positions):
+            return layout, None
+    return PLAIN, None
+
+
+def _patch_rotary_modules(module: types.ModuleType, handle: PatchHandle) -> None:
+    """Replace the forward of every rotary module class defined in `module` whose tables the probe recognises."""
+    for name, cls in list(vars(module).items()):
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and name.endswith(ROTARY_SUFFIX)
+                and cls.__module__ == module.__name__):
+            continue
+        layout, why = _probe_rotary(cls)
+        if layout is None:
+            handle.skipped[f"{module.__name__}.{name}"] = why
+        else:
+            handle._replace(cls, "forward", _exact_rotary_forward(layout))
 
 
 def _candidate_modules(model_or_module, handle: PatchHandle) -> list[types.ModuleType]:
@@ -93,11 +183,15 @@ def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType]
             a Python module: patch that module's `apply_rotary_pos_emb`.
         rope: swap `apply_rotary_pos_emb` for ropewkv.apply_rotary_pos_emb (same signature and semantics, partial
             rotary included). Each candidate is first probed in fp64 against HF's formula; modules whose function
-            computes something else (e.g. interleaved or multimodal RoPE) are skipped and listed in handle.skipped.
+            computes something else (e.g. interleaved RoPE) are skipped and listed in handle.skipped. At precision
+            "fp32", the rotary module classes (`*RotaryEmbedding`) of every module so patched are swapped too, for
+            exact fp32 tables (plain RoPE, and M-RoPE: Qwen2-VL / Qwen2.5-VL sections, Qwen3-VL interleaved), each
+            probed against HF's own forward first; unrecognised ones are listed in handle.skipped.
         rwkv7: swap HF's RWKV-7 time-mix kernel, if the installed transformers has an RWKV-7 model. transformers
             5.23 has none (only RWKV v4): then nothing is patched and handle.skipped says so.
-        precision: passed to every call. None (build default, fp32): read HF's cos/sin, compute in fp32, return q's
-            dtype. "bf16": reproduce HF's eager arithmetic in the model's dtype bit for bit.
+        precision: None (the build default, "fp32") or "fp32": exact angles end to end: fp32 tables of exact angles
+            from the swapped rotary modules, fp32 math, one rounding to q's dtype (0.5 ulp in a bf16 model, at any
+            position). "bf16": HF's own tables and HF's eager arithmetic in the model's dtype, bit for bit.
         backend: passed to every call ("auto": cuda, then triton, for CUDA tensors; cpu for CPU tensors).
     Returns:
         a PatchHandle (undo(), or use it as a context manager). Autograd, KV-cache generate() and
@@ -106,16 +200,19 @@ def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType]
     handle = PatchHandle()
     if rope:
         replacement = _hf_replacement(precision, backend)
+        exact_tables = _backend.resolve_precision(precision) == "fp32"
         for module in _candidate_modules(model_or_module, handle):
             function = getattr(module, FUNCTION, None)
             if function is None:
                 handle.skipped[module.__name__] = f"has no {FUNCTION}"
                 continue
             why = _probe(function)
-            if why is None:
-                handle._replace(module, FUNCTION, replacement)
-            else:
+            if why is not None:  # its rotary modules stay HF's too: fp32 tables would make HF's eager math fp32
                 handle.skipped[f"{module.__name__}.{FUNCTION}"] = why
+                continue
+            handle._replace(module, FUNCTION, replacement)
+            if exact_tables:
+                _patch_rotary_modules(module, handle)
     if rwkv7:
         import transformers as hf
 

@@ -6,6 +6,8 @@ Conventions:
   - Each pair (x1, x2) becomes (x1 cos - x2 sin, x2 cos + x1 sin) with angle position * inv_freq[i], scaled by
     attention_scaling (HF multiplies cos and sin by it).
   - Dims past rotary_dim pass through unchanged.
+  - M-RoPE (Qwen2-VL): positions has three rows (temporal, height, width) and frequency i turns by the position of
+    row mrope_rows(...)[i]; chunked (Qwen2/2.5-VL) or interleaved (Qwen3-VL).
 """
 from __future__ import annotations
 
@@ -64,10 +66,29 @@ def to_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
+def mrope_rows(n_freqs: int, mrope_section, interleaved: bool = False) -> torch.Tensor:
+    """The position row (0 temporal, 1 height, 2 width) of each of the n_freqs frequencies under M-RoPE, as int64.
+
+    Chunked (Qwen2-VL, Qwen2.5-VL): the first mrope_section[0] frequencies follow row 0, the next mrope_section[1]
+    row 1, the last mrope_section[2] row 2. Interleaved (Qwen3-VL): frequency i with i % 3 = r in (1, 2) follows row
+    r while i < 3 * mrope_section[r]; every other frequency follows row 0."""
+    i = torch.arange(n_freqs)
+    if interleaved:
+        rows = i % 3
+        limits = torch.tensor([0, 3 * mrope_section[1], 3 * mrope_section[2]])[rows]
+        return torch.where(i < limits, rows, 0)
+    return torch.repeat_interleave(torch.arange(3), torch.tensor(list(mrope_section)))
+
+
 def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
-            dtype: torch.dtype = torch.float64):
-    """cos and sin of position * inv_freq in `dtype`, shape [..., rotary_dim/2], times attention_scaling."""
-    angle = positions.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
+            dtype: torch.dtype = torch.float64, rows: Optional[torch.Tensor] = None):
+    """cos and sin of position * inv_freq in `dtype`, shape [..., rotary_dim/2], times attention_scaling.
+    M-RoPE: positions is [3, ...] and frequency i takes row rows[i] (mrope_rows); the result is [..., rotary_dim/2]."""
+    pos = positions.to(dtype)
+    if rows is None:
+        angle = pos.unsqueeze(-1) * inv_freq.to(dtype)
+    else:
+        angle = pos.index_select(0, rows.to(pos.device)).movedim(0, -1) * inv_freq.to(dtype)
     return angle.cos() * attention_scaling, angle.sin() * attention_scaling
 
 
@@ -85,12 +106,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
 
 
 def rope(x: torch.Tensor, inv_freq: torch.Tensor, positions: torch.Tensor, *, layout: str = "bshd",
-         interleaved: bool = False, attention_scaling: float = 1.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+         interleaved: bool = False, attention_scaling: float = 1.0, dtype: torch.dtype = torch.float64,
+         mrope_section=None, mrope_interleaved: bool = False) -> torch.Tensor:
     """x rotated at absolute `positions` ([B, S], or [T] for thd; see token_positions), computed in `dtype` and
-    returned in `dtype`. rotary_dim is 2 * len(inv_freq)."""
+    returned in `dtype`. rotary_dim is 2 * len(inv_freq). With mrope_section, positions is [3, B, S] ([3, T])."""
     x_bshd = to_bshd(x, layout).to(dtype)
-    pos = positions.reshape(1, -1) if layout == "thd" else positions
-    cos, sin = cos_sin(pos.to(x.device), inv_freq.to(x.device), attention_scaling, dtype)
+    rows = None if mrope_section is None else mrope_rows(inv_freq.numel(), mrope_section, mrope_interleaved)
+    pos = positions.reshape(*positions.shape[:-1], 1, -1) if layout == "thd" else positions
+    cos, sin = cos_sin(pos.to(x.device), inv_freq.to(x.device), attention_scaling, dtype, rows)
     out = rotate(x_bshd, cos.unsqueeze(2), sin.unsqueeze(2), interleaved)
     if layout == "thd":
         return out.squeeze(0)

@@ -65,10 +65,13 @@ def wkv7_step(r, w, k, v, a, b, state, decay: str = "loglog"):
 
 
 def wkv7(r, w, k, v, a, b, *, initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
-         cu_seqlens: Optional[torch.Tensor] = None, decay: str = "loglog", dtype: torch.dtype = torch.float64):
+         cu_seqlens: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None, decay: str = "loglog",
+         dtype: torch.dtype = torch.float64):
     """The WKV7 recurrence over [B, T, H, N] inputs, computed in `dtype` (differentiable: autograd through the loop
     gives the gradient oracle). With cu_seqlens (B must be 1), each packed sequence starts from its own
-    initial_state[n] (zeros if None), and final_state has one entry per sequence.
+    initial_state[n] (zeros if None), and final_state has one entry per sequence. A [1, H, N, N] initial_state is
+    broadcast to every sequence. mask [B, T]: where 0 the state is kept as it was (S_t = S_{t-1}) and
+    y_t = S_t r_t reads it.
     Returns (y [B, T, H, N] in `dtype`, final_state [B or n_seqs, H, N, N] in `dtype`, or None)."""
     r, w, k, v, a, b = (x.to(dtype) for x in (r, w, k, v, a, b))
     if cu_seqlens is not None:
@@ -76,8 +79,9 @@ def wkv7(r, w, k, v, a, b, *, initial_state: Optional[torch.Tensor] = None, outp
         ys, finals = [], []
         for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
             piece = [x[:, start:end] for x in (r, w, k, v, a, b)]
-            s0 = None if initial_state is None else initial_state[n : n + 1]
-            y, s = wkv7(*piece, initial_state=s0, output_final_state=True, decay=decay, dtype=dtype)
+            s0 = None if initial_state is None else initial_state[n if initial_state.shape[0] > 1 else 0][None]
+            y, s = wkv7(*piece, initial_state=s0, output_final_state=True,
+                        mask=None if mask is None else mask[:, start:end], decay=decay, dtype=dtype)
             ys.append(y)
             finals.append(s)
         return torch.cat(ys, dim=1), (torch.cat(finals) if output_final_state else None)
@@ -85,10 +89,14 @@ def wkv7(r, w, k, v, a, b, *, initial_state: Optional[torch.Tensor] = None, outp
     if initial_state is None:
         state = torch.zeros(batch, heads, n, n, dtype=dtype, device=r.device)
     else:
-        state = initial_state.to(dtype)
+        state = initial_state.to(dtype).expand(batch, heads, n, n)
     ys = []
     for t in range(seqlen):
-        y, state = wkv7_step(r[:, t], w[:, t], k[:, t], v[:, t], a[:, t], b[:, t], state, decay)
+        y, updated = wkv7_step(r[:, t], w[:, t], k[:, t], v[:, t], a[:, t], b[:, t], state, decay)
+        if mask is not None:
+            updated = torch.where((mask[:, t] != 0)[:, None, None, None], updated, state)
+            y = torch.einsum("bhij,bhj->bhi", updated, r[:, t])
+        state = updated
         ys.append(y)
     y = torch.stack(ys, dim=1) if ys else r.new_zeros(batch, 0, heads, n)
     return y, (state if output_final_state else None)

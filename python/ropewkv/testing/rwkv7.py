@@ -87,7 +87,8 @@ def tolerance(dtype: torch.dtype, precision: str, seqlen: int):
     return Tolerance(None, 2e-6 * (1 + seqlen / 16) ** 0.5, "fp32 state and sums, error grows ~sqrt(T)")
 
 
-def oracle(inputs: dict, decay: str, cotangent_y: torch.Tensor, cotangent_state: torch.Tensor, cu_seqlens=None):
+def oracle(inputs: dict, decay: str, cotangent_y: torch.Tensor, cotangent_state: torch.Tensor, cu_seqlens=None,
+           mask=None):
     """fp64 y, final state and gradients {name: grad} of <y, cot_y> + <final_state, cot_state> by autograd."""
     from ..reference.rwkv7 import wkv7 as reference_wkv7
 
@@ -96,13 +97,14 @@ def oracle(inputs: dict, decay: str, cotangent_y: torch.Tensor, cotangent_state:
     if s0 is not None:
         leaves["initial_state"] = s0.detach().to(torch.float64).requires_grad_()
     y, state = reference_wkv7(*(leaves[n] for n in GRAD_NAMES[:6]), initial_state=leaves.get("initial_state"),
-                              output_final_state=True, cu_seqlens=cu_seqlens, decay=decay)
+                              output_final_state=True, cu_seqlens=cu_seqlens, mask=mask, decay=decay)
     loss = (y * cotangent_y.to(torch.float64)).sum() + (state * cotangent_state.to(torch.float64)).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()))
     return y, state, dict(zip(leaves, grads))
 
 
-def run_wkv7(backend: str, inputs: dict, decay: str, precision: str, cotangent_y, cotangent_state, cu_seqlens=None):
+def run_wkv7(backend: str, inputs: dict, decay: str, precision: str, cotangent_y, cotangent_state, cu_seqlens=None,
+             mask=None):
     """One backend's y, final state and gradients, computed like `oracle`."""
     from ..ops.rwkv7 import wkv7
 
@@ -110,7 +112,8 @@ def run_wkv7(backend: str, inputs: dict, decay: str, precision: str, cotangent_y
     if inputs["initial_state"] is not None:
         leaves["initial_state"] = inputs["initial_state"].detach().clone().requires_grad_()
     y, state = wkv7(*(leaves[n] for n in GRAD_NAMES[:6]), initial_state=leaves.get("initial_state"),
-                    output_final_state=True, cu_seqlens=cu_seqlens, decay=decay, precision=precision, backend=backend)
+                    output_final_state=True, cu_seqlens=cu_seqlens, mask=mask, decay=decay, precision=precision,
+                    backend=backend)
     loss = (y.float() * cotangent_y).sum() + (state * cotangent_state).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()))
     return y, state, dict(zip(leaves, grads))

@@ -25,7 +25,8 @@ _NAMES = ("r", "w", "k", "v", "a", "b")
 # ---- validation --------------------------------------------------------------------------------------------------
 
 def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
-    """r..b: tensors of one shape, dtype and device; returns the resolved backend."""
+    """r..b: tensors of one shape and device; r, k, v, a, b of one dtype, w of any float dtype the backend takes (an
+    fp32 decay beside bf16 r..b is how autocast runs). Returns the resolved backend."""
     for name, x in zip(_NAMES, tensors):
         _checks.check_tensor(x, name)
     r = tensors[0]
@@ -37,8 +38,9 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
         if x.shape != r.shape:
             raise ValueError(f"{name} has shape {tuple(x.shape)} but r has {tuple(r.shape)} (all of r, w, k, v, a, "
                              f"b are {layout})")
-        if x.dtype != r.dtype:
-            raise TypeError(f"{name} has dtype {x.dtype} but r has {r.dtype}; r, w, k, v, a, b must share a dtype")
+        if name != "w" and x.dtype != r.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype} but r has {r.dtype}; r, k, v, a, b must share a dtype "
+                            "(only w, the decay input, may have its own, e.g. fp32 under autocast)")
     _checks.check_same_device("r", r, **dict(zip(_NAMES[1:], tensors[1:])))
     n = r.shape[-1]
     if n not in HEAD_SIZES:
@@ -58,11 +60,13 @@ def _check_decay(decay) -> int:
     return DECAYS.index(decay)
 
 
-def _check_state(state, name: str, shape: tuple, r: torch.Tensor) -> None:
+def _check_state(state, name: str, shape: tuple, r: torch.Tensor, broadcast: bool = False) -> None:
+    """broadcast: a state of batch size 1 may stand for every sequence (rwkv-ops' [1, H, N, N])."""
     _checks.check_tensor(state, name)
-    if tuple(state.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)} ([n_seqs or B, H, N, N], S[v][k] layout), got "
-                         f"{list(state.shape)}")
+    if tuple(state.shape) != shape and not (broadcast and tuple(state.shape) == (1, *shape[1:])):
+        also = f" or [1, {', '.join(map(str, shape[1:]))}] (broadcast)" if broadcast and shape[0] != 1 else ""
+        raise ValueError(f"{name} must have shape {list(shape)}{also} ([n_seqs or B, H, N, N], S[v][k] layout), "
+                         f"got {list(state.shape)}")
     expected = _backend.compute_dtype(r.dtype)
     if state.dtype != expected:
         raise TypeError(f"{name} must be {expected} (the state is fp32 whatever the input dtype; fp64 only for fp64 "
@@ -89,43 +93,84 @@ def _check_cu_seqlens(cu_seqlens, r: torch.Tensor) -> int:
     return cu_seqlens.shape[0] - 1
 
 
+def _check_mask(mask, r: torch.Tensor) -> None:
+    _checks.check_tensor(mask, "mask")
+    if tuple(mask.shape) != tuple(r.shape[:2]):
+        raise ValueError(f"mask must have shape [B, T] = {list(r.shape[:2])} (0 freezes the state at that token), "
+                         f"got {list(mask.shape)}")
+    if mask.dtype.is_complex:
+        raise TypeError(f"mask must be bool, integer or float (nonzero = the token updates the state), got "
+                        f"{mask.dtype}")
+    _checks.check_same_device("r", r, mask=mask)
+
+
+# w that makes the decay exactly 1, per convention: exp(-exp(-inf)), exp(-e^-0.5 sigmoid(-inf)), exp(0).
+_NO_DECAY = {"loglog": float("-inf"), "raw": float("-inf"), "log": 0.0}
+
+
+def _freeze_masked_steps(mask: torch.Tensor, w, k, b, decay: str):
+    """w, k, b with every masked token (mask == 0) made an exact no-op of the state: decay 1 and no update
+    (S_t = S_{t-1} * 1 + sa * 0 + v * 0 = S_{t-1}, bit for bit, in every twin). Gradients stay exact: the masked
+    tokens' w, k and b get zero gradient, and the state's cotangent passes through unchanged."""
+    keep = (mask != 0)[:, :, None, None]
+    return torch.where(keep, w, _NO_DECAY[decay]), torch.where(keep, k, 0.0), torch.where(keep, b, 0.0)
+
+
+def _decay_input(w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """w in r's dtype or fp32 (the twins read those two): any other float w is widened to fp32, exactly for fp16 and
+    bf16 (the math is fp32, so a wider w would be rounded to fp32 on load anyway)."""
+    return w if w.dtype in (r.dtype, torch.float32) else w.float()
+
+
 # ---- public API --------------------------------------------------------------------------------------------------
 
 def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
          initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
-         cu_seqlens: Optional[torch.Tensor] = None, decay: str = "loglog", precision: Optional[str] = None,
-         backend: str = "auto"):
+         cu_seqlens: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None, decay: str = "loglog",
+         precision: Optional[str] = None, backend: str = "auto"):
     """The RWKV-7 WKV recurrence: S_t = S_{t-1} (diag(d_t) + a_t b_t^T) + v_t k_t^T, y_t = S_t r_t (scale 1).
 
     Args:
-        r, w, k, v, a, b: [B, T, H, N], one dtype: fp32, fp16 or bf16 (fp64 on the cpu and reference backends, for
-            gradcheck). N in HEAD_SIZES. Any T. Non-contiguous inputs are copied to contiguous ones.
+        r, w, k, v, a, b: [B, T, H, N]; r, k, v, a, b of one dtype: fp32, fp16 or bf16 (fp64 on the cpu and
+            reference backends, for gradcheck). w, the decay input, may have its own float dtype and is read at its
+            own precision: keep it fp32 beside bf16 r..b (autocast), as a bf16 decay would lose the precision that
+            decays within 1e-3 of 1 need (FLA #181). N in HEAD_SIZES. Any T. Non-contiguous inputs are copied.
         initial_state: None (zeros) or [B, H, N, N] (with cu_seqlens: [n_seqs, H, N, N]) fp32 (fp64 for fp64
-            inputs), in the RWKV-LM layout S[v][k] (FLA's [N, H, K, V] is the transpose).
+            inputs), in the RWKV-LM layout S[v][k] (FLA's [N, H, K, V] is the transpose). A state of batch size 1,
+            [1, H, N, N], is broadcast to every sequence (as in rwkv-ops); its gradient sums over them.
         output_final_state: return the final state (else None).
         cu_seqlens: None, or int32/int64 [n_seqs + 1] offsets of packed sequences (B must be 1), non-decreasing from
             0 to T; each sequence starts from its own initial_state[n].
+        mask: None, or [B, T] (bool, integer or float): where 0, the token leaves the state exactly as it was
+            (left padding in batched inference, as rwkv-ops' mask), and y there reads that unchanged state
+            (rwkv-ops reads the update it then discards; both are padding output). Gradients are exact: masked
+            tokens' w, k, b get zero gradient. Costs three elementwise passes over w, k, b.
         decay: the convention of w: "loglog" d = exp(-exp(w)) (RWKV-LM), "raw" d = exp(-e^{-0.5} sigmoid(w)) (the
             LoRA pre-activation, fused; RWKV-LM clampw), "log" d = exp(w) (FLA, HF). Computed in fp32 in the kernel.
         precision: None (the build default), "fp32" (all arithmetic fp32), or "bf16" (RWKV-LM's bf16 mode: I/O
-            values pass through bf16 rounding, inputs on load and y and input gradients on store, while the state,
+            values pass through bf16 rounding, inputs (w too, whatever its dtype, as RWKV-LM's bf16 kernels take a
+            bf16 w) on load and y and input gradients on store, while the state,
             decay, sa and every sum stay fp32, because d can be within 1e-3 of 1 and S accumulates over thousands of
             steps). Ignored by fp64 inputs and by the reference backend.
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
-    Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included.
+    Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included; w's
+    gradient comes in w's dtype.
     """
-    tensors = (r, w, k, v, a, b)
-    resolved = _check_inputs(tensors, 4, "[B, T, H, N]", backend)
+    resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
     _, _, heads, n = r.shape
     if initial_state is not None:
-        _check_state(initial_state, "initial_state", (n_seqs, heads, n, n), r)
-        initial_state = initial_state.contiguous()
-    tensors = tuple(x.contiguous() for x in tensors)
+        _check_state(initial_state, "initial_state", (n_seqs, heads, n, n), r, broadcast=True)
+        initial_state = initial_state.expand(n_seqs, heads, n, n).contiguous()
+    w = _decay_input(w, r)
+    if mask is not None:
+        _check_mask(mask, r)
+        w, k, b = _freeze_masked_steps(mask, w, k, b, decay)
+    tensors = tuple(x.contiguous() for x in (r, w, k, v, a, b))
     if resolved == "reference":
         y, final_state = reference.wkv7(*tensors, initial_state=initial_state, output_final_state=output_final_state,
                                         cu_seqlens=cu_seqlens, decay=decay, dtype=_backend.compute_dtype(r.dtype))

@@ -2,12 +2,14 @@
 a dedicated CUDA kernel and the CPU twin; Triton runs it as the recurrent kernel with T = 1)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ... import _backend
 from ...reference import rwkv7 as reference
 from . import recurrent
-from .api import _check_decay, _check_inputs, _check_state
+from .api import _check_decay, _check_inputs, _check_state, _decay_input
 
 
 def _fake_step(r, w, k, v, a, b, state, decay, precision):
@@ -19,26 +21,27 @@ if _backend._C is not None:
 
 
 def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-              state: torch.Tensor, *, decay: str = "loglog", backend: str = "auto") -> torch.Tensor:
-    """One decode token of the WKV7 recurrence; equal to wkv7 with T = 1 (at the build-default precision).
+              state: torch.Tensor, *, decay: str = "loglog", precision: Optional[str] = None,
+              backend: str = "auto") -> torch.Tensor:
+    """One decode token of the WKV7 recurrence; equal to wkv7 with T = 1 at the same precision.
 
     Args:
-        r, w, k, v, a, b: [B, H, N], one dtype (as wkv7); copied to contiguous if they are not.
+        r, w, k, v, a, b: [B, H, N]; r, k, v, a, b of one dtype, w of its own float dtype if wanted (as wkv7);
+            copied to contiguous if they are not.
         state: fp32 [B, H, N, N] (fp64 for fp64 inputs), S[v][k], contiguous. Updated IN PLACE to S_1.
-        decay, backend: as wkv7.
+        decay, precision, backend: as wkv7.
     Returns:
         y [B, H, N] in r's dtype.
     Inference only: there is no backward (train with wkv7). It is a mutating custom op, so torch.compile keeps it.
     """
-    tensors = (r, w, k, v, a, b)
-    resolved = _check_inputs(tensors, 3, "[B, H, N]", backend)
+    resolved = _check_inputs((r, w, k, v, a, b), 3, "[B, H, N]", backend)
     decay_code = _check_decay(decay)
     batch, heads, n = r.shape
     _check_state(state, "state", (batch, heads, n, n), r)
     if not state.is_contiguous():
         raise ValueError("state must be contiguous: wkv7_step updates it in place")
-    precision = _backend.resolve_precision(None)
-    tensors = tuple(x.contiguous() for x in tensors)
+    precision = _backend.resolve_precision(precision)
+    tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
     if resolved in ("cpu", "cuda"):
         return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
     if resolved == "reference":

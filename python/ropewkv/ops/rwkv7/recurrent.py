@@ -34,7 +34,7 @@ def _fake_backward(grad_y, grad_final_state, r, w, k, v, a, b, initial_state, cu
                    precision):
     batch, _, heads, n = r.shape
     n_seqs = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    grads = tuple(torch.empty_like(r, memory_format=torch.contiguous_format) for _ in range(6))
+    grads = tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (r, w, k, v, a, b))
     return grads + (r.new_empty((n_seqs, heads, n, n), dtype=_backend.compute_dtype(r.dtype)),)
 
 
@@ -110,7 +110,7 @@ def _wkv7_bwd(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
               cu_seqlens: Optional[torch.Tensor], checkpoints: torch.Tensor, grad_y: torch.Tensor,
               grad_final: Optional[torch.Tensor], decay: str, precision: str) -> list[torch.Tensor]:
     r, w, k, v, a, b, grad_y = (x.contiguous() for x in (r, w, k, v, a, b, grad_y))
-    grads = [_backend.new_output(r.shape, r.dtype, r.device) for _ in range(6)]
+    grads = [_backend.new_output(x.shape, x.dtype, x.device) for x in (r, w, k, v, a, b)]
     grad_initial = _backend.new_output(_state_shape(r, cu_seqlens), torch.float32, r.device)
     if grad_final is not None:
         grad_final = grad_final.to(torch.float32).contiguous()
@@ -121,7 +121,8 @@ def _wkv7_bwd(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 @torch.library.register_fake("ropewkv::wkv7_triton_bwd")
 def _wkv7_bwd_fake(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, decay, precision):
-    return [torch.empty_like(r) for _ in range(6)] + [r.new_empty(_state_shape(r, cu_seqlens), dtype=torch.float32)]
+    grads = [torch.empty_like(x) for x in (r, w, k, v, a, b)]
+    return grads + [r.new_empty(_state_shape(r, cu_seqlens), dtype=torch.float32)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -154,7 +155,7 @@ def _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision) -> Non
         _checks.check_same_device("r", r, **{name: x})
         if x.dim() != 4:
             raise ValueError(f"{name} must be [B, T, H, N], got shape {tuple(x.shape)}")
-        if x.shape != r.shape or x.dtype != r.dtype:
+        if x.shape != r.shape or (x.dtype != r.dtype and name != "w"):  # w may have its own dtype
             raise ValueError(f"{name} must match r's shape {tuple(r.shape)} and dtype {r.dtype}, "
                              f"got {tuple(x.shape)} {x.dtype}")
     if r.shape[3] not in kernels.HEAD_SIZES:
@@ -186,7 +187,8 @@ def wkv7_triton(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """The WKV7 recurrence on the Triton twin (sequential kernel; fp32 state, decay and sums in every precision).
 
     Args:
-        r, w, k, v, a, b: [B, T, H, N], one dtype (fp32/fp16/bf16), CUDA tensors (or CPU under TRITON_INTERPRET=1).
+        r, w, k, v, a, b: [B, T, H, N], one dtype (fp32/fp16/bf16; w may have its own, read at its precision),
+            CUDA tensors (or CPU under TRITON_INTERPRET=1).
             N in (32, 64, 128, 256). Non-contiguous inputs are copied.
         initial_state: None (zeros) or fp32 [B (n_seqs with cu_seqlens), H, N, N], S[v][k] (RWKV-LM layout).
         output_final_state: return the final state too.
