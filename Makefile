@@ -21,9 +21,9 @@ TEST_ENV = $(if $(filter 1,$(HAS_GPU)),,TRITON_INTERPRET=1)
 # Where nvidia-smi sees a GPU, a torch that does not is an error (tests/conftest.py stops), not a CPU run.
 export ROPEWKV_EXPECT_GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: test demo setup build pytest cuda-check parity clean
+.PHONY: test demo setup build pytest cuda-check static-report parity clean
 
-test: build cuda-check pytest
+test: build cuda-check static-report pytest
 
 demo: build
 	$(TEST_ENV) $(PY) -m ropewkv demo
@@ -41,6 +41,12 @@ pytest: build
 
 cuda-check: setup
 	PYTHON=$(PY) tools/check_cuda_compile.sh
+
+# Every CUDA and Triton kernel compiled for sm_90a and read (tools/static_report): fails on new spills or RoPE hot
+# loops without 16-byte accesses. The report lands in build/static-report/ (committed: benchmarks/results/).
+static-report: build
+	@if command -v $${NVCC:-nvcc} >/dev/null; then $(PY) -m tools.static_report --check; \
+	else echo "static-report: nvcc not found, static report NOT run"; fi
 
 parity: build
 	$(TEST_ENV) $(PY) -m ropewkv parity

@@ -1,37 +1,25 @@
-"""Every Triton kernel compiles for sm_90 on this GPU-less machine (see triton_sm90.py); RoPE's PTX is inspected in
-test_triton_rope_kernel.py."""
+"""Every Triton kernel compiles for sm_90 on this GPU-less machine (see triton_sm90.py), also in variants that the
+static report (tools/static_report: the main specialisations) leaves out: every decay convention, varlen, an initial
+state, an odd length. RoPE's PTX is inspected in test_triton_rope_kernel.py."""
 import pytest
 import torch
 
 from ropewkv.triton_kernels import _common
-from ropewkv.triton_kernels import decay as decay_kernels
 from ropewkv.triton_kernels import qk_norm_rope as qk_kernels
-from ropewkv.triton_kernels.rwkv7 import recurrent as rwkv7_kernels
+from tools.static_report.kernels import TRITON, wkv7_launches
 from triton_sm90 import captured_launches, ptx_for_sm90, run_without_interpreter
 
 
-def decay_launches():
-    x = torch.empty(4, dtype=torch.bfloat16)
-    out = torch.empty(4)
-    decay_kernels.log_decay_forward(x, out)
-    decay_kernels.log_decay_backward(out, x, x)
+def wkv7_both(**variant):
+    for backward in (False, True):
+        wkv7_launches(64, 1, backward=backward, tokens=5, **variant)
 
 
-def wkv7_launches(decay, low_precision, with_state, varlen):
-    shape = (1, 5, 1, 64)
-    r = torch.empty(shape, dtype=torch.bfloat16)
-    state = torch.empty(1, 1, 64, 64)
-    cu = torch.tensor([0, 5], dtype=torch.int32) if varlen else None
-    s0 = state if with_state else None
-    checkpoints = torch.empty(rwkv7_kernels.checkpoint_slots(5, 1), 1, 64, 64)
-    rwkv7_kernels.wkv7_forward(r, r, r, r, r, r, s0, cu, r, state, checkpoints, decay, low_precision)
-    rwkv7_kernels.wkv7_backward(r, r, r, r, r, r, cu, checkpoints, r, s0, [r] * 6, state, decay, low_precision)
-
-
-def qk_norm_rope_launches(source, interleaved, low_precision):
-    """Forward and backward of the fused QK-norm + RoPE with one cos/sin source (weights: Gemma-3's offset)."""
-    q, k = torch.empty(1, 3, 4, 80, dtype=torch.bfloat16), torch.empty(1, 3, 2, 80, dtype=torch.bfloat16)
-    w = torch.empty(80)
+def qk_norm_rope_launches(source, interleaved, low_precision, head_dim=80):
+    """Forward and backward of the fused QK-norm + RoPE with one cos/sin source (weights: Gemma-3's offset), rotary
+    dim 64 of head_dim (80: a pass-through rest; 64: full rotary, where the head block is 2048 // 65 heads at most)."""
+    q, k = torch.empty(1, 3, 32, head_dim, dtype=torch.bfloat16), torch.empty(1, 3, 2, head_dim, dtype=torch.bfloat16)
+    w = torch.empty(head_dim)
     positions = torch.zeros(1, 3, dtype=torch.int64)
     sources = {"angle": dict(inv_freq=torch.empty(32)),
                "table": dict(cos=torch.empty(1, 3, 64), sin=torch.empty(1, 3, 64)),
@@ -46,10 +34,10 @@ CASES = {
     "qk_norm_rope angle bf16-mode": lambda: qk_norm_rope_launches("angle", False, True),
     "qk_norm_rope table interleaved": lambda: qk_norm_rope_launches("table", True, False),
     "qk_norm_rope cache": lambda: qk_norm_rope_launches("cache", False, False),
-    "decay": decay_launches,
-    "wkv7 loglog fp32": lambda: wkv7_launches("loglog", False, True, False),
-    "wkv7 raw bf16 varlen": lambda: wkv7_launches("raw", True, False, True),
-    "wkv7 log fp32 varlen": lambda: wkv7_launches("log", False, True, True),
+    "decay": lambda: [TRITON[f"log_decay {d} bf16"].launch() for d in ("fwd", "bwd")],
+    "wkv7 loglog fp32": lambda: wkv7_both(decay="loglog", with_state=True),
+    "wkv7 raw bf16 varlen": lambda: wkv7_both(decay="raw", low_precision=True, varlen=True),
+    "wkv7 log fp32 varlen": lambda: wkv7_both(decay="log", with_state=True, varlen=True),
 }
 
 

@@ -1,0 +1,117 @@
+"""The static performance report (tools/static_report) reads what it should from SASS, and its checks can fail.
+
+The SASS reader is tested on hand-written cuobjdump text (no toolkit needed); the checks on kernels compiled here:
+tests/data/static_report_kernels.cu with nvcc (2-byte accesses and forced spills, against a 16-byte copy), and the
+Triton RoPE kernels (Triton's own ptxas, no nvcc needed).
+"""
+import os
+
+import pytest
+
+from ropewkv.triton_kernels import _common
+from tools.static_report import cuda, kernels, report, sass
+from triton_sm90 import run_without_interpreter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_nvcc = pytest.mark.skipif(cuda.nvcc() is None, reason="nvcc not found: the CUDA half of the static "
+                                "report cannot run here (CI and the GPU machine have it)")
+
+# One loop (0x40-0xf0) whose iteration makes or skips a 2-byte copy beside its 16-byte accesses, with a 64-bit
+# division whose slow path is a CALL to out-of-line code after EXIT; a trailing self-branch, as nvcc pads every
+# function.
+SASS = """
+        Function : kernel
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   ISETP.GE.AND P0, PT, R0, 0x10, PT ;
+        /*0020*/               @P0 EXIT ;
+        /*0030*/                   MOV R2, RZ ;
+        /*0040*/                   ISETP.NE.AND P1, PT, R2, RZ, PT ;
+        /*0050*/              @!P1 BRA 0x80 ;
+        /*0060*/                   CALL.REL.NOINC 0x110 ;
+        /*0070*/                   BRA 0x90 ;
+        /*0080*/                   IMAD R3, R2, R2, RZ ;
+        /*0090*/               @P1 BRA 0xc0 ;
+        /*00a0*/                   LDG.E.U16 R4, desc[UR4][R6.64] ;
+        /*00b0*/                   STG.E.U16 desc[UR4][R8.64], R4 ;
+        /*00c0*/                   LDG.E.128 R4, desc[UR4][R6.64] ;
+        /*00d0*/                   LDG.E.128 R8, desc[UR4][R6.64+0x10] ;
+        /*00e0*/                   STG.E.128 desc[UR4][R6.64], R4 ;
+        /*00f0*/               @P2 BRA 0x40 ;
+        /*0100*/                   EXIT ;
+        /*0110*/                   IADD3 R10, R10, 0x1, RZ ;
+        /*0120*/                   IADD3 R10, R10, 0x1, RZ ;
+        /*0130*/                   IADD3 R10, R10, 0x1, RZ ;
+        /*0140*/                   RET.REL.NODEC R20 0x0 ;
+        /*0150*/                   BRA 0x150;
+"""
+
+
+def test_sass_loops_and_paths():
+    flow = sass.ControlFlow(sass.parse(SASS)["kernel"])
+    assert [(loop.address, loop.innermost) for loop in flow.loops] == [(0x40, True)]  # not the padding self-branch
+    paths = flow.paths(flow.loops[0])
+    # Fewest instructions per stored total: the division's inline path (1 IMAD) beats the CALL (1 + 4 + BRA).
+    assert sorted(paths) == [16, 18]
+    assert paths[16].instructions == 8 and paths[16].accesses == {"LDG.128": 2, "STG.128": 1}
+    assert paths[18].instructions == 10 and paths[18].accesses == {"LDG.U16": 1, "STG.U16": 1, "LDG.128": 2,
+                                                                     "STG.128": 1}
+    assert not report.moves_16_bytes(paths[18]) and report.moves_16_bytes(paths[16])
+    whole = flow.paths()
+    assert min(whole) == 0 and whole[0].instructions == 3  # the early EXIT
+
+
+@pytest.fixture(scope="module")
+def test_kernels():
+    return {k.name: k for k in kernels.cuda_kernels(ROOT, "tests/data/static_report_kernels.cu")}
+
+
+@needs_nvcc
+def test_reports_spills_and_narrow_accesses(test_kernels):
+    narrow, wide = test_kernels["narrow_and_spilling"], test_kernels["wide_copy"]
+    assert narrow.registers <= 32 and narrow.spill_stores > 0 and narrow.spill_loads > 0
+    hot = narrow.hot_loop.work.accesses
+    assert hot["LDG.U16"] > 0 and hot["STG.U16"] > 0 and hot["STL.32"] > 0 and hot["LDL.32"] > 0
+    assert wide.spill_stores == wide.spill_loads == 0
+    assert dict(wide.hot_loop.work.accesses) == {"LDG.128": 1, "STG.128": 1}
+
+
+@needs_nvcc
+def test_sixteen_byte_check_fails_on_narrow_accesses(test_kernels):
+    narrow, wide = test_kernels["narrow_and_spilling"], test_kernels["wide_copy"]
+    failures = report.sixteen_byte_failures([narrow, wide], not_yet=set())
+    assert len(failures) == 1 and failures[0].startswith(narrow.key) and "LDG.U16" in failures[0]
+    assert report.sixteen_byte_failures([narrow], not_yet={narrow.key}) == []
+    stale = report.sixteen_byte_failures([wide], not_yet={wide.key, "gone: kernel<>"})
+    assert len(stale) == 2 and "remove it from NOT_YET_16_BYTE" in stale[0] and "no such kernel" in stale[1]
+
+
+@needs_nvcc
+def test_spill_check_fails_on_new_spills(test_kernels):
+    narrow, wide = test_kernels["narrow_and_spilling"], test_kernels["wide_copy"]
+    toolchain = {"nvcc": "13.0.88", "triton": "3.7.1"}
+    clean = {**toolchain, "kernels": [{"key": k.key, "spill_stores": 0, "spill_loads": 0} for k in (narrow, wide)]}
+    twins = report.compared_twins(clean, toolchain)
+    assert twins == ["cuda", "triton"]
+    failures = report.spill_failures([narrow, wide], clean, twins)
+    assert len(failures) == 1 and failures[0].startswith(narrow.key) and "none in the baseline" in failures[0]
+    assert "new kernel" in report.spill_failures([narrow], {"kernels": []}, twins)[0]
+    known = {"kernels": [{"key": narrow.key, "spill_stores": 8, "spill_loads": 8}]}
+    assert report.spill_failures([narrow, wide], known, twins) == []
+    # A baseline from another nvcc is not compared with (its register allocation differs).
+    assert report.compared_twins(dict(clean, nvcc="12.8.93"), toolchain) == ["triton"]
+
+
+def test_readable_cuda_names():
+    names = cuda.readable_names(["_ZN7ropewkv4cuda11wkv7_detail14forward_kernelILi64ENS_6bf16_tELNS_9PrecisionE0EEEv"
+                                 "NS0_17Wkv7ForwardParamsE"], cuda.enum_names(ROOT))
+    assert names == ["forward_kernel<64, bf16_t, kFP32>"]
+
+
+def test_triton_rope_neox_is_16_byte_and_gptj_is_not():
+    """The 16-byte check is live for the Triton NeoX kernel (GPT-J is listed in NOT_YET_16_BYTE until ropefast)."""
+    if _common.INTERPRETING:
+        run_without_interpreter(__file__, "test_triton_rope_neox_is_16_byte_and_gptj_is_not")
+        return
+    neox, gptj = (kernels.triton_kernel(name) for name in ("rope neox bf16", "rope gptj bf16"))
+    assert report.sixteen_byte_failures([neox], not_yet=set()) == []
+    assert report.sixteen_byte_failures([gptj], not_yet=set())

@@ -1,0 +1,176 @@
+"""Predicted H100 times at the benchmark shapes, from the counts of kernels.py. Predictions, not measurements.
+
+The model (stated in the report too):
+- Memory: bytes / 3.0 TB/s, the copy rate measured on the lent H100 (read + write counted). Bytes: the floor (each
+  input read once, each output written once, plus the fp32 state checkpoints the WKV7 forward writes and the
+  backward reads, one per 16 tokens), plus twice any scratch the SASS stores beyond the outputs (written once, read
+  back once; at these shapes it outgrows the 50 MB L2). Loads that lanes repeat are assumed served by L1/L2.
+- Issue: thread instructions / 32 lanes / (132 SMs x 4 schedulers x 1 warp-instruction per cycle x 1.755 GHz),
+  i.e. every instruction costs one issue slot (no dual issue, no stalls beyond the rate).
+- Per-thread instructions. Streaming kernels (RoPE, decode step): the kernel's work path (entry to exit, every
+  loop body once, the branches that store the most and, among those, the fewest instructions: slow paths such as
+  the sincos range reduction are not taken) plus as many more iterations of the hot loop as the thread's share of
+  the output needs. Sequential kernels (WKV7 forward/backward): per token, one iteration of every innermost loop
+  (each runs once per token: the forward's token loop, the backward's recompute and adjoint loops), on its lean
+  path (the forward's every-16th-token checkpoint store left out; its bytes are in the floor); the once-per-chunk and
+  once-per-sequence code is not counted.
+- Sequential kernels are a dependent chain per token: a block cannot start token t+1 before token t. Occupancy
+  (registers, shared memory, threads, 32 blocks per SM) gives the blocks resident per SM, hence w warps per
+  scheduler. Per token a scheduler issues the I instructions of each of its w warps: >= w * I cycles (ILP enough to
+  fill the pipelines). If every instruction waits for the previous one (4-cycle FMA latency) and each token exposes
+  one DRAM load latency (~600 cycles, no prefetch), it takes max(w, 4) * I + 600 cycles. Time: T x the cycles
+  summed over the waves of the grid (a partial last wave has fewer warps per scheduler).
+- Predicted = max(memory, issue, chain at its lower bound); the chain's upper bound is printed beside it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .sass import Path
+
+SMS = 132
+SCHEDULERS = 4
+CLOCK_HZ = 1.755e9
+COPY_BYTES_PER_S = 3.0e12
+REGISTERS_PER_SM = 65536
+REGISTER_GRANULE = 256      # registers are allocated per warp in units of 256
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+SHARED_PER_SM = 228 * 1024
+SHARED_PER_BLOCK_RESERVED = 1024
+FMA_LATENCY = 4
+DRAM_LATENCY = 600          # cycles
+CHECKPOINT_EVERY = 16       # tokens between the WKV7 forward's fp32 state checkpoints (csrc/include/ropewkv/wkv7.h)
+
+
+@dataclass(frozen=True)
+class Workload:
+    title: str
+    unit: str               # what "per unit" counts: "element" or "token-head"
+    units: int
+    read: int               # floor bytes
+    written: int
+    blocks: int             # CUDA blocks = Triton programs (both twins use the same grid)
+    cuda: tuple = ()        # readable names of the CUDA kernels predicted here
+    cuda_threads: int = 0   # threads per CUDA block (the launcher's)
+    cuda_dynamic_shared: int = 0
+    triton: tuple = ()      # kernels.TRITON entries predicted here
+    tokens: int = 0         # > 0: a sequential recurrence over this many tokens per block
+
+
+def _rope() -> Workload:
+    b, s, hq, hk, d = 8, 4096, 32, 8, 128
+    elements = b * s * (hq + hk) * d
+    return Workload(f"RoPE fwd B{b} S{s} Hq{hq} Hk{hk} D{d} bf16 (bwd: the same kernel, conjugate)", "element",
+                    elements, 2 * elements, 2 * elements, b * s,
+                    cuda=("rope_kernel<bf16_t, kFP32>",), cuda_threads=128, cuda_dynamic_shared=4 * (d // 2) * 4,
+                    triton=("rope neox bf16", "rope gptj bf16"))
+
+
+def _wkv7(backward: bool, heads: int, n: int) -> Workload:
+    b, t = 8, 4096
+    tensor = b * t * heads * n * 2  # one bf16 [B, T, H, N]
+    checkpoints = t // CHECKPOINT_EVERY * b * heads * n * n * 4
+    state = b * heads * n * n * 4
+    if backward:  # r w k v a b dy and the checkpoints in; six gradients and the initial state's out
+        read, written = 7 * tensor + checkpoints, 6 * tensor + state
+    else:  # r w k v a b in; y, the checkpoints and the final state out
+        read, written = 6 * tensor, tensor + checkpoints + state
+    direction = "bwd" if backward else "fwd"
+    return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
+                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, kFP32>",),
+                    cuda_threads=n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t)
+
+
+def _decode() -> Workload:
+    b, heads, n = 256, 64, 64
+    state = b * heads * n * n * 4
+    vectors = b * heads * n * 2
+    return Workload(f"WKV7 decode step B{b} H{heads} N{n} bf16 (state fp32, in place)", "token-head", b * heads,
+                    state + 6 * vectors, state + vectors, b * heads, cuda=("step_kernel<64, bf16_t, kFP32>",),
+                    cuda_threads=n, triton=("wkv7 decode N64 bf16",))
+
+
+WORKLOADS = [_rope(), _wkv7(False, 64, 64), _wkv7(True, 64, 64), _wkv7(False, 32, 128), _wkv7(True, 32, 128),
+             _decode()]
+
+
+@dataclass
+class Prediction:
+    workload: str
+    kernel: str
+    per_unit: float          # thread instructions per element or per token-head
+    per_token: int | None    # sequential: instructions one thread executes per token (its critical path)
+    bytes: int               # floor + scratch traffic
+    scratch: int             # bytes stored beyond the outputs (written, then read back)
+    floor_s: float           # the floor's bytes at the copy rate
+    memory_s: float
+    issue_s: float
+    blocks_per_sm: int       # the occupancy limit
+    waves: int
+    warps_per_scheduler: int  # in the first wave
+    chain_s: tuple | None    # sequential: (lower, upper) bound of the dependent chain
+    predicted_s: float
+
+    @property
+    def copy_fraction(self) -> float:
+        """The floor's time over the predicted time: the share of the copy rate the kernel's useful bytes reach."""
+        return self.floor_s / self.predicted_s
+
+
+def kernels_of(workload: Workload, kernels: list) -> list:
+    """The kernels the workload names (CUDA by readable name, Triton by registry entry), in that order."""
+    found = []
+    for twin, names in (("cuda", workload.cuda), ("triton", workload.triton)):
+        for name in names:
+            match = [k for k in kernels if k.twin == twin and k.name == name]
+            if len(match) != 1:
+                raise LookupError(f"{workload.title}: {len(match)} {twin} kernels named {name!r}; update "
+                                  "tools/static_report/model.py (or kernels.TRITON) to the kernels as they are now")
+            found += match
+    return found
+
+
+def blocks_per_sm(registers: int, threads: int, shared: int) -> int:
+    warps = math.ceil(threads / 32)
+    per_warp = math.ceil(max(registers, 1) * 32 / REGISTER_GRANULE) * REGISTER_GRANULE
+    by_registers = REGISTERS_PER_SM // (per_warp * warps)
+    by_shared = SHARED_PER_SM // (shared + SHARED_PER_BLOCK_RESERVED)
+    return max(0, min(BLOCKS_PER_SM, THREADS_PER_SM // (warps * 32), by_registers, by_shared))
+
+
+def predict(kernel, workload: Workload) -> Prediction:
+    threads = kernel.threads or workload.cuda_threads
+    shared = kernel.shared + (workload.cuda_dynamic_shared if kernel.twin == "cuda" else 0)
+    resident = blocks_per_sm(kernel.registers, threads, shared)
+    if resident == 0:
+        raise ValueError(f"{kernel.key}: a block of {threads} threads with {kernel.registers} registers and {shared} B "
+                         "of shared memory does not fit an SM")
+    # The warps per scheduler in each wave of the grid.
+    waves = []
+    for first in range(0, workload.blocks, SMS * resident):
+        in_flight = min(SMS * resident, workload.blocks - first)
+        waves.append(math.ceil(math.ceil(in_flight / SMS) * math.ceil(threads / 32) / SCHEDULERS))
+    if workload.tokens:
+        per_token = sum((loop.lean for loop in kernel.loops), start=Path())
+        thread_instructions = per_token.instructions * workload.tokens * workload.blocks * threads
+        stored = per_token.stored_unmasked * workload.tokens * workload.blocks * threads
+        scratch = max(0, stored - workload.written)
+        low = sum(max(w, 1) * per_token.instructions for w in waves)
+        high = sum(max(w, FMA_LATENCY) * per_token.instructions + DRAM_LATENCY for w in waves)
+        chain = (workload.tokens * low / CLOCK_HZ, workload.tokens * high / CLOCK_HZ)
+    else:
+        per_token, chain, scratch = None, None, 0
+        share = workload.written / (workload.blocks * threads)  # output bytes one thread stores
+        hot = kernel.hot_loop
+        more = max(0.0, share - kernel.work.stored) / hot.work.stored if hot else 0.0
+        thread_instructions = (kernel.work.instructions + more * (hot.work.instructions if hot else 0)) \
+            * workload.blocks * threads
+    floor = workload.read + workload.written
+    memory = (floor + 2 * scratch) / COPY_BYTES_PER_S
+    issue = thread_instructions / 32 / (SMS * SCHEDULERS * CLOCK_HZ)
+    return Prediction(workload.title, kernel.key, thread_instructions / workload.units,
+                      per_token.instructions if per_token else None, floor + 2 * scratch, scratch,
+                      floor / COPY_BYTES_PER_S, memory, issue, resident, len(waves), waves[0], chain,
+                      max(memory, issue, chain[0] if chain else 0.0))
