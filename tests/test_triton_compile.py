@@ -34,6 +34,7 @@ CASES = {
     "qk_norm_rope angle bf16-mode": lambda: qk_norm_rope_launches("angle", False, True),
     "qk_norm_rope table interleaved": lambda: qk_norm_rope_launches("table", True, False),
     "qk_norm_rope cache": lambda: qk_norm_rope_launches("cache", False, False),
+    "qk_norm_rope full rotary": lambda: qk_norm_rope_launches("angle", False, False, head_dim=64),
     "decay": lambda: [TRITON[f"log_decay {d} bf16"].launch() for d in ("fwd", "bwd")],
     "wkv7 loglog fp32": lambda: wkv7_both(decay="loglog", with_state=True),
     "wkv7 raw bf16 varlen": lambda: wkv7_both(decay="raw", low_precision=True, varlen=True),

@@ -254,7 +254,8 @@ def _common(q, k, q_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets
     block_half = triton.next_power_of_2(max(half, 1))
     rest = head_dim - rotary_dim
     block_rest = triton.next_power_of_2(max(rest, 1))
-    max_heads = max(1, HEAD_BLOCK_ELEMENTS // (2 * block_half + block_rest))
+    # heads per block: a power of two (tl.arange's rule) within the element budget
+    max_heads = 1 << max(0, (HEAD_BLOCK_ELEMENTS // (2 * block_half + block_rest)).bit_length() - 1)
     n_seqs = cu_seqlens.numel() - 1 if cu_seqlens is not None else 0
     source = SOURCE_CACHE if cache is not None else SOURCE_TABLE if cos is not None else SOURCE_ANGLE
     tensors = (inv_freq, positions, seqlen_offsets, cu_seqlens, cos, sin, cache)

@@ -143,6 +143,8 @@ TRITON = {
     "rope gptj bf16": TritonCase(lambda: _rope(interleaved=True), sixteen_byte=True),
     "rope hf-tables neox bf16": TritonCase(lambda: _rope(tables=True), sixteen_byte=True),
     "rope M-RoPE neox bf16": TritonCase(lambda: _rope(mrope=True)),
+    "qk_norm_rope fwd bf16": TritonCase(lambda: _qk_norm_rope(False)),
+    "qk_norm_rope bwd bf16": TritonCase(lambda: _qk_norm_rope(True)),
     "wkv7 fwd N64 bf16": TritonCase(lambda: wkv7_launches(64, 64)),
     "wkv7 bwd N64 bf16": TritonCase(lambda: wkv7_launches(64, 64, backward=True)),
     "wkv7 fwd N128 bf16": TritonCase(lambda: wkv7_launches(128, 32)),
