@@ -8,6 +8,7 @@ import ropewkv
 from ropewkv.testing import poisoned_outputs, rms_ratio, seeded
 from ropewkv.testing import rwkv7 as parity
 from conftest import kernel_backends
+from fla_cpu import fla  # noqa: F401  (the session fixture)
 
 NAMES = ("r", "w", "k", "v", "a", "b")
 # fp32: the chunk's products are sums of <= 16 N terms and each pair decay is one exp of a difference of chunk-local
@@ -71,9 +72,9 @@ def test_matches_fp64_reference(device, case, decay):
 
 
 def test_cpu_twin_long_sequence_matches_sequential_and_reference():
-    """T = 1000 (62 full chunks and a short last one): chunked and sequential CPU twins both near fp64."""
+    """T = 250 (15 full chunks and a short last one): chunked and sequential CPU twins both near fp64."""
     gen = seeded(7)
-    inputs = parity.rwkv7_inputs(1, 1000, 2, 64, torch.float32, "raw", gen, "cpu", True)
+    inputs = parity.rwkv7_inputs(1, 250, 1, 64, torch.float32, "raw", gen, "cpu", True)
     cot_y, cot_s = parity.cotangents(inputs, 1, gen)
     reference = parity.oracle(inputs, "raw", cot_y, cot_s)
     chunked = _check(_run("cpu", inputs, "raw", "fp32", cot_y, cot_s), reference, FP32_RMS, "chunked")
@@ -130,3 +131,27 @@ def test_cuda_chunked_is_not_implemented():
 
     with pytest.raises(NotImplementedError, match="no CUDA twin"):
         api._resolve_algorithm("chunked", "cuda")
+
+
+@pytest.mark.parametrize("bounds", [None, [0, 7, 20]])
+def test_matches_fla_chunk_rwkv7(fla, device, bounds):
+    """Against FLA 0.6.0's own chunk_rwkv7 (interpreted on CPU), in FLA's conventions (log decay, state [N, H, K,
+    V]): both sides within their own error of fp64 and within the sum of those errors of each other."""
+    import test_compat_fla as fla_harness
+
+    cu = None if bounds is None else torch.tensor(bounds, device=device)
+    n_states = 1 if cu is None else len(bounds) - 1
+    x, _ = fla_harness.fla_case(1, 20, 2, 32, seed=5, n_states=n_states, device=device)
+    cot = fla_harness.cotangents_for(x, n_states, seed=2)
+    want = fla_harness.oracle_with_grads(x, 1.0, cot, cu)
+    kwargs = dict(output_final_state=True, cu_seqlens=cu)
+    theirs = fla_harness.run(fla.ops.chunk_rwkv7, x, kwargs, cot)
+    for backend in _backends(device):
+        def ours(r, w, k, v, a, b, initial_state, output_final_state, cu_seqlens):
+            y, state = ropewkv.wkv7(r, w, k, v, a, b, initial_state=initial_state.transpose(-1, -2),
+                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, decay="log",
+                                    backend=backend, algorithm="chunked")
+            return y, state.transpose(-1, -2)
+
+        fla_harness.compare(fla_harness.run(ours, x, kwargs, cot), theirs, want, FP32_RMS,
+                            fla_harness.FLA_ERROR["default"], backend)
