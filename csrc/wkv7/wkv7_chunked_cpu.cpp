@@ -136,7 +136,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
   acc_t* ds0 = grad_s0.data_ptr<acc_t>();
   const int64_t* cu = in.cu_seqlens.defined() ? in.cu_seqlens.const_data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, in.n_seqs * in.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> GT(nn), ST0(nn), ST(nn), dy(kChunk * n), ybuf(kChunk * n);
+    std::vector<acc_t> GT(nn), ST0(nn), dy(kChunk * n);
     Chunk<acc_t> ch(n);
     ChunkGrads<acc_t> g(n);
     for (int64_t task = begin; task < end; ++task) {
@@ -160,8 +160,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
           std::copy(slot, slot + nn, ST0.begin());
         }
         load_chunk<P, scalar_t, w_scalar_t>(in, batch, q, len, h, decay, true, ch);
-        std::copy(ST0.begin(), ST0.end(), ST.begin());
-        ch.forward(ST.data(), ybuf.data());  // recomputes U
+        ch.solve_u(ST0.data());
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
           for (int64_t j = 0; j < n; ++j) dy[l * n + j] = wkv7::load<P>(gy[base + j]);

@@ -7,7 +7,8 @@
 // rows of ST scaled by scalars (an axpy over the contiguous v index, which vectorises without horizontal sums).
 //
 // Inside a chunk, c[x] = sum_{t <= x} log d_t (c[0] = 0, x = 0..L) and every decay between two positions is
-// E[x][y] = exp(c[x] - c[y]) with x >= y: an exponent <= 0, so in (0, 1]. No cumulative decay is ever divided by.
+// E[x][y] = exp(c[x] - c[y]) = d_{y+1} ... d_x with x >= y, in (0, 1]: formed here as a running product over exactly
+// that index range. No cumulative decay is ever divided by.
 #include <vector>
 
 #include "ropewkv/wkv7.h"
@@ -16,14 +17,43 @@ namespace ropewkv::wkv7::chunked {
 
 inline constexpr int kChunk = kCheckpointEvery;  // the chunk is the checkpoint interval: one saved state per chunk
 
+// C[m][:] += sum_k A(m, k) B[k][:] for m < rows, over n_cols (a multiple of 16) contiguous columns: A(m, k) =
+// A[m * lda + k], or A[k * lda + m] when a_transposed. Register-blocked (4 rows x 16 columns of C held in locals across
+// the k loop) so that the compiler keeps the block in vector registers: the chunk's products with the state, whose
+// sequential counterparts are load-bound row loops.
+template <typename acc_t>
+void gemm_acc(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, bool a_transposed, const acc_t* B, int64_t ldb,
+              int64_t rows, int64_t depth, int64_t n_cols) {
+  constexpr int kRows = 4, kCols = 16;
+  for (int64_t m0 = 0; m0 < rows; m0 += kRows) {
+    const int mr = int(rows - m0 < kRows ? rows - m0 : kRows);
+    for (int64_t c0 = 0; c0 < n_cols; c0 += kCols) {
+      acc_t acc[kRows][kCols] = {};
+      for (int64_t kk = 0; kk < depth; ++kk) {
+        const acc_t* brow = B + kk * ldb + c0;
+        for (int mm = 0; mm < kRows; ++mm) {
+          const acc_t x = mm < mr ? (a_transposed ? A[kk * lda + m0 + mm] : A[(m0 + mm) * lda + kk]) : acc_t(0);
+          ROPEWKV_SIMD
+          for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] += x * brow[cc];
+        }
+      }
+      for (int mm = 0; mm < mr; ++mm) {
+        acc_t* crow = C + (m0 + mm) * ldc + c0;
+        ROPEWKV_SIMD
+        for (int cc = 0; cc < kCols; ++cc) crow[cc] += acc[mm][cc];
+      }
+    }
+  }
+}
+
 template <typename acc_t>
 struct Chunk {
   int64_t n;
   int len = 0;
   // Per token (row l of an L x n block): the inputs (loaded, bf16-rounded in the bf16 mode) and dlog = dlog(d)/dw.
   std::vector<acc_t> r, k, v, a, b, logd, dlog;
-  std::vector<acc_t> c;        // (L + 1) x n cumulative log decay
-  std::vector<acc_t> E;        // the lower triangle x >= y of exp(c[x] - c[y]), (L+1)(L+2)/2 rows of n
+  std::vector<acc_t> d;        // L x n decays
+  std::vector<acc_t> E;        // the lower triangle x >= y of E[x][y] = exp(c[x] - c[y]), (L+1)(L+2)/2 rows of n
   std::vector<acc_t> At, Rt;   // A~[l] = a_l e^{c[l]},  R~[l] = r_l e^{c[l+1]}
   std::vector<acc_t> Bh, Kh;   // B^[l] = b_l e^{c[L] - c[l+1]},  K^[l] = k_l e^{c[L] - c[l+1]}
   std::vector<acc_t> Ab, Ak;   // L x L, m < l:  sum_j a_l[j] {b,k}_m[j] E[l][m+1][j]
@@ -33,7 +63,7 @@ struct Chunk {
 
   explicit Chunk(int64_t n_)
       : n(n_), r(kChunk * n_), k(kChunk * n_), v(kChunk * n_), a(kChunk * n_), b(kChunk * n_), logd(kChunk * n_),
-        dlog(kChunk * n_), c((kChunk + 1) * n_), E((kChunk + 1) * (kChunk + 2) / 2 * n_), At(kChunk * n_),
+        dlog(kChunk * n_), d(kChunk * n_), E((kChunk + 1) * (kChunk + 2) / 2 * n_), At(kChunk * n_),
         Rt(kChunk * n_), Bh(kChunk * n_), Kh(kChunk * n_), Ab(kChunk * kChunk), Ak(kChunk * kChunk),
         Qb(kChunk * kChunk), Qk(kChunk * kChunk), U(kChunk * n_), tmp(n_) {}
 
@@ -41,16 +71,20 @@ struct Chunk {
 
   // Everything that does not depend on the state: decays, scaled rows and the four masked decay products.
   void prepare() {
-    for (int64_t j = 0; j < n; ++j) c[j] = acc_t(0);
+    // E[x][y] = d_{y+1} ... d_x as a running product over exactly that range (E[x][x] = 1): one multiply per entry
+    // instead of an exp, each factor the decay the sequential form multiplies by.
     for (int l = 0; l < len; ++l) {
       ROPEWKV_SIMD
-      for (int64_t j = 0; j < n; ++j) c[(l + 1) * n + j] = c[l * n + j] + logd[l * n + j];
+      for (int64_t j = 0; j < n; ++j) d[l * n + j] = exp_(logd[l * n + j]);
     }
     for (int x = 0; x <= len; ++x) {
-      for (int y = 0; y <= x; ++y) {
-        acc_t* exy = e(x, y);
+      acc_t* exx = e(x, x);
+      for (int64_t j = 0; j < n; ++j) exx[j] = acc_t(1);
+      for (int y = x - 1; y >= 0; --y) {
+        acc_t *exy = e(x, y), *prev = e(x, y + 1);
+        const acc_t* dy = &d[y * n];  // d_{y+1}: token row y
         ROPEWKV_SIMD
-        for (int64_t j = 0; j < n; ++j) exy[j] = exp_(c[x * n + j] - c[y * n + j]);
+        for (int64_t j = 0; j < n; ++j) exy[j] = prev[j] * dy[j];
       }
     }
     for (int l = 0; l < len; ++l) {
@@ -94,20 +128,17 @@ struct Chunk {
 
   // dst[l][:] (+)= sum_j coef[l][j] ST[j][:] for the chunk's rows: an L x n times n x n product, axpy form.
   void rows_times_state(acc_t* dst, const acc_t* coef, const acc_t* ST) const {
-    for (int l = 0; l < len; ++l) {
-      acc_t* out = dst + l * n;
-      for (int64_t j = 0; j < n; ++j) {
-        const acc_t s = coef[l * n + j];
-        const acc_t* row = ST + j * n;
-        ROPEWKV_SIMD
-        for (int64_t i = 0; i < n; ++i) out[i] += s * row[i];
-      }
-    }
+    gemm_acc(dst, n, coef, n, false, ST, n, len, n, n);
   }
 
   // Forward. ST: the state before the chunk (k-major), becomes the state after it. y: L x n outputs (fp32).
   void forward(acc_t* ST, acc_t* y) {
-    // U = (I - Ab)^{-1} (A~ S0^T + Ak V): forward substitution, row by row.
+    solve_u(ST);
+    forward_outputs(ST, y);
+  }
+
+  // U = (I - Ab)^{-1} (A~ S0^T + Ak V): forward substitution, row by row. ST: the state before the chunk.
+  void solve_u(const acc_t* ST) {
     std::fill(U.begin(), U.begin() + len * n, acc_t(0));
     rows_times_state(U.data(), At.data(), ST);
     for (int l = 0; l < len; ++l) {
@@ -119,6 +150,10 @@ struct Chunk {
         for (int64_t i = 0; i < n; ++i) ul[i] += ab * um[i] + ak * vm[i];
       }
     }
+  }
+
+  // Y and the state after the chunk, from U (solve_u already run on ST).
+  void forward_outputs(acc_t* ST, acc_t* y) {
     // Y = R~ S0^T + Qb U + Qk V.
     std::fill(y, y + len * n, acc_t(0));
     rows_times_state(y, Rt.data(), ST);
@@ -138,13 +173,9 @@ struct Chunk {
       const acc_t dj = decay_all[j];
       ROPEWKV_SIMD
       for (int64_t i = 0; i < n; ++i) row[i] *= dj;
-      for (int l = 0; l < len; ++l) {
-        const acc_t bh = Bh[l * n + j], kh = Kh[l * n + j];
-        const acc_t *ul = &U[l * n], *vl = &v[l * n];
-        ROPEWKV_SIMD
-        for (int64_t i = 0; i < n; ++i) row[i] += bh * ul[i] + kh * vl[i];
-      }
     }
+    gemm_acc(ST, n, Bh.data(), n, true, U.data(), n, n, len, n);
+    gemm_acc(ST, n, Kh.data(), n, true, v.data(), n, n, len, n);
   }
 
   // The backward of one masked decay product M[l][m] = sum_j x_l[j] y_m[j] E[p(l)][m+1][j] (p(l) = l + shift,
@@ -184,11 +215,11 @@ struct Chunk {
 template <typename acc_t>
 struct ChunkGrads {
   int64_t n;
-  std::vector<acc_t> dr, dk, dv, da, db, dlogd, dc, dU, dX, dAt, dRt, dBh, dKh, S, dAb, dAk, dQb, dQk;
+  std::vector<acc_t> dr, dk, dv, da, db, dlogd, dc, dU, dX, dAt, dRt, dBh, dKh, S, G, dAb, dAk, dQb, dQk;
   explicit ChunkGrads(int64_t n_)
       : n(n_), dr(kChunk * n_), dk(kChunk * n_), dv(kChunk * n_), da(kChunk * n_), db(kChunk * n_),
         dlogd(kChunk * n_), dc((kChunk + 1) * n_), dU(kChunk * n_), dX(kChunk * n_), dAt(kChunk * n_),
-        dRt(kChunk * n_), dBh(kChunk * n_), dKh(kChunk * n_), S(n_ * n_), dAb(kChunk * kChunk),
+        dRt(kChunk * n_), dBh(kChunk * n_), dKh(kChunk * n_), S(n_ * n_), G(n_ * n_), dAb(kChunk * kChunk),
         dAk(kChunk * kChunk), dQb(kChunk * kChunk), dQk(kChunk * kChunk) {}
 };
 
@@ -200,7 +231,7 @@ ROPEWKV_HD acc_t dot_rows(const acc_t* x, const acc_t* y, int64_t n) {
   return s;
 }
 
-// Backward of one chunk. ch: prepared, with ch.forward already run from ST0 (so ch.U holds u). ST0: the state before
+// Backward of one chunk. ch: prepared, with ch.solve_u already run on ST0 (so ch.U holds u). ST0: the state before
 // the chunk (k-major). GT: dL/dS after the chunk, transposed (GT[k][v]); becomes dL/dS before it. dy: L x n.
 // Fills g.dr, dk, dv, da, db and g.dlogd (the cotangent of log d per token).
 template <typename acc_t>
@@ -222,13 +253,11 @@ void chunk_backward(Chunk<acc_t>& ch, const acc_t* ST0, acc_t* GT, const acc_t* 
   ch.rows_times_state(g.dU.data(), ch.Bh.data(), GT);
   ch.rows_times_state(g.dv.data(), ch.Kh.data(), GT);
   for (int64_t j = 0; j < n; ++j) {
-    const acc_t* gj = GT + j * n;
-    for (int l = 0; l < len; ++l) {
-      g.dBh[l * n + j] = dot_rows(&ch.U[l * n], gj, n);
-      g.dKh[l * n + j] = dot_rows(&ch.v[l * n], gj, n);
-    }
-    g.dc[len * n + j] = decay_all[j] * dot_rows(ST0 + j * n, gj, n);
+    g.dc[len * n + j] = decay_all[j] * dot_rows(ST0 + j * n, GT + j * n, n);
+    for (int64_t i = 0; i < n; ++i) g.G[i * n + j] = GT[j * n + i];
   }
+  gemm_acc(g.dBh.data(), n, ch.U.data(), n, false, g.G.data(), n, len, n, n);
+  gemm_acc(g.dKh.data(), n, ch.v.data(), n, false, g.G.data(), n, len, n, n);
   // From Y = R~ S0^T + Qb U + Qk V.
   for (int l = 0; l < len; ++l) {
     const acc_t* dyl = dy + l * n;
@@ -275,13 +304,9 @@ void chunk_backward(Chunk<acc_t>& ch, const acc_t* ST0, acc_t* GT, const acc_t* 
     const acc_t dj = decay_all[j];
     ROPEWKV_SIMD
     for (int64_t i = 0; i < n; ++i) row[i] *= dj;
-    for (int l = 0; l < len; ++l) {
-      const acc_t rt = ch.Rt[l * n + j], at = ch.At[l * n + j];
-      const acc_t *dyl = dy + l * n, *dxl = &g.dX[l * n];
-      ROPEWKV_SIMD
-      for (int64_t i = 0; i < n; ++i) row[i] += rt * dyl[i] + at * dxl[i];
-    }
   }
+  gemm_acc(GT, n, ch.Rt.data(), n, true, dy, n, n, len, n);
+  gemm_acc(GT, n, ch.At.data(), n, true, g.dX.data(), n, n, len, n);
   // The masked products: Ab, Ak (x = a, p(l) = l), Qb, Qk (x = r, p(l) = l + 1).
   ch.masked_backward(g.dAb.data(), 0, ch.a.data(), ch.b.data(), g.da.data(), g.db.data(), g.dc.data());
   ch.masked_backward(g.dAk.data(), 0, ch.a.data(), ch.k.data(), g.da.data(), g.dk.data(), g.dc.data());
