@@ -166,17 +166,18 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
           for (int64_t j = 0; j < n; ++j) dy[l * n + j] = wkv7::load<P>(gy[base + j]);
         }
         wkv7::chunked::chunk_backward(ch, ST0.data(), GT.data(), dy.data(), g);
+        const acc_t* token_grads[6] = {g.dr.data(), nullptr, g.dk.data(), g.dv.data(), g.da.data(), g.db.data()};
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
+          for (int x = 0; x < 6; ++x) {
+            if (x == 1) continue;
+            const acc_t* src = token_grads[x] + l * n;
+            io_t* dst = out[x] + base;
+            for (int64_t j = 0; j < n; ++j) dst[j] = wkv7::store<io_t, P>(src[j]);
+          }
           for (int64_t j = 0; j < n; ++j) {
             const int64_t o = l * n + j;
-            out[0][base + j] = wkv7::store<io_t, P>(g.dr[o]);
-            grad_w[base + j] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(
-                compute_t<w_t>(g.dlogd[o] * ch.dlog[o]));
-            out[2][base + j] = wkv7::store<io_t, P>(g.dk[o]);
-            out[3][base + j] = wkv7::store<io_t, P>(g.dv[o]);
-            out[4][base + j] = wkv7::store<io_t, P>(g.da[o]);
-            out[5][base + j] = wkv7::store<io_t, P>(g.db[o]);
+            grad_w[base + j] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(compute_t<w_t>(g.dlogd[o] * ch.dlog[o]));
           }
         }
         chunk_end = q;

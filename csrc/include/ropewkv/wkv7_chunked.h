@@ -215,11 +215,11 @@ struct Chunk {
 template <typename acc_t>
 struct ChunkGrads {
   int64_t n;
-  std::vector<acc_t> dr, dk, dv, da, db, dlogd, dc, dU, dX, dAt, dRt, dBh, dKh, S, G, dAb, dAk, dQb, dQk;
+  std::vector<acc_t> dr, dk, dv, da, db, dlogd, dc, dU, dX, dAt, dRt, dBh, dKh, S, G, UT, VT, dAb, dAk, dQb, dQk;
   explicit ChunkGrads(int64_t n_)
       : n(n_), dr(kChunk * n_), dk(kChunk * n_), dv(kChunk * n_), da(kChunk * n_), db(kChunk * n_),
         dlogd(kChunk * n_), dc((kChunk + 1) * n_), dU(kChunk * n_), dX(kChunk * n_), dAt(kChunk * n_),
-        dRt(kChunk * n_), dBh(kChunk * n_), dKh(kChunk * n_), S(n_ * n_), G(n_ * n_), dAb(kChunk * kChunk),
+        dRt(kChunk * n_), dBh(kChunk * n_), dKh(kChunk * n_), S(n_ * n_), G(n_ * n_), UT(kChunk * n_), VT(kChunk * n_), dAb(kChunk * kChunk),
         dAk(kChunk * kChunk), dQb(kChunk * kChunk), dQk(kChunk * kChunk) {}
 };
 
@@ -259,11 +259,20 @@ void chunk_backward(Chunk<acc_t>& ch, const acc_t* ST0, acc_t* GT, const acc_t* 
   gemm_acc(g.dBh.data(), n, ch.U.data(), n, false, g.G.data(), n, len, n, n);
   gemm_acc(g.dKh.data(), n, ch.v.data(), n, false, g.G.data(), n, len, n, n);
   // From Y = R~ S0^T + Qb U + Qk V.
+  // U^T, V^T (n x L) for the L x L products dY U^T, dY V^T, dX U^T, dX V^T as blocked products (entries outside
+  // the masks are computed and never read).
+  for (int l = 0; l < kChunk; ++l) {
+    for (int64_t i = 0; i < n; ++i) {
+      g.UT[i * kChunk + l] = l < len ? ch.U[l * n + i] : acc_t(0);
+      g.VT[i * kChunk + l] = l < len ? ch.v[l * n + i] : acc_t(0);
+    }
+  }
+  for (auto* buf : {&g.dQb, &g.dQk, &g.dAb, &g.dAk}) std::fill(buf->begin(), buf->end(), acc_t(0));
+  gemm_acc(g.dQb.data(), kChunk, dy, n, false, g.UT.data(), kChunk, len, n, kChunk);
+  gemm_acc(g.dQk.data(), kChunk, dy, n, false, g.VT.data(), kChunk, len, n, kChunk);
   for (int l = 0; l < len; ++l) {
     const acc_t* dyl = dy + l * n;
     for (int m = 0; m <= l; ++m) {
-      g.dQb[l * kChunk + m] = dot_rows(dyl, &ch.U[m * n], n);
-      g.dQk[l * kChunk + m] = dot_rows(dyl, &ch.v[m * n], n);
       const acc_t qb = ch.Qb[l * kChunk + m], qk = ch.Qk[l * kChunk + m];
       acc_t *dum = &g.dU[m * n], *dvm = &g.dv[m * n];
       ROPEWKV_SIMD
@@ -286,11 +295,11 @@ void chunk_backward(Chunk<acc_t>& ch, const acc_t* ST0, acc_t* GT, const acc_t* 
       for (int64_t i = 0; i < n; ++i) dxl[i] += ab * dxm[i];
     }
   }
+  gemm_acc(g.dAb.data(), kChunk, g.dX.data(), n, false, g.UT.data(), kChunk, len, n, kChunk);
+  gemm_acc(g.dAk.data(), kChunk, g.dX.data(), n, false, g.VT.data(), kChunk, len, n, kChunk);
   for (int l = 0; l < len; ++l) {
     const acc_t* dxl = &g.dX[l * n];
     for (int m = 0; m < l; ++m) {
-      g.dAb[l * kChunk + m] = dot_rows(dxl, &ch.U[m * n], n);
-      g.dAk[l * kChunk + m] = dot_rows(dxl, &ch.v[m * n], n);
       const acc_t ak = ch.Ak[l * kChunk + m];
       acc_t* dvm = &g.dv[m * n];
       ROPEWKV_SIMD
