@@ -30,7 +30,7 @@ from .recurrent import _rne_bf16, checkpoint_slots  # noqa: F401  (checkpoint_sl
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
-NUM_WARPS = {32: 4, 64: 4, 128: 8, 256: 8}
+NUM_WARPS = {32: 4, 64: 8, 128: 8, 256: 8}
 
 
 @triton.jit
@@ -111,6 +111,35 @@ def _chunk(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t0, t1, h, H, N: tl.constex
 
 
 @triton.jit
+def _masked_products(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, N: tl.constexpr, L: tl.constexpr,
+                     BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
+    """Ab, Ak, Qb, Qk [L, L], summed over BK-column slices of the chunk (re-read from global and their c recomputed
+    per slice, as c is per column), so that the [L, L, BK] decay blocks fit in registers."""
+    rows = tl.arange(0, L)
+    tok = (t0 + rows).to(tl.int64)
+    valid = (tok < t1)[:, None]
+    Ab = tl.zeros((L, L), dtype=tl.float32)
+    Ak = tl.zeros((L, L), dtype=tl.float32)
+    Qb = tl.zeros((L, L), dtype=tl.float32)
+    Qk = tl.zeros((L, L), dtype=tl.float32)
+    for j0 in tl.static_range(0, N, BK):
+        at = (tok[:, None] * H + h) * N + j0 + tl.arange(0, BK)[None, :]
+        r = _load_rows(r_ptr, at, valid, LOW_PRECISION)
+        k = _load_rows(k_ptr, at, valid, LOW_PRECISION)
+        a = _load_rows(a_ptr, at, valid, LOW_PRECISION)
+        b = _load_rows(b_ptr, at, valid, LOW_PRECISION)
+        log_d, _ = _log_decay(_load_rows(w_ptr, at, valid, LOW_PRECISION), DECAY)
+        logd = tl.where(valid, log_d, 0.0)
+        ca = tl.cumsum(logd, axis=0)
+        Eb, Eq = _masked_decays(ca, ca - logd, L)
+        Ab += tl.sum(a[:, None, :] * Eb * b[None, :, :], axis=2)
+        Ak += tl.sum(a[:, None, :] * Eb * k[None, :, :], axis=2)
+        Qb += tl.sum(r[:, None, :] * Eq * b[None, :, :], axis=2)
+        Qk += tl.sum(r[:, None, :] * Eq * k[None, :, :], axis=2)
+    return Ab, Ak, Qb, Qk
+
+
+@triton.jit
 def _masked_decays(ca, cb, L: tl.constexpr):
     """E[l][m+1] for m < l (the Ab, Ak pairs) and E[l+1][m+1] for m <= l (Qb, Qk), [L, L, N], 0 elsewhere."""
     rows = tl.arange(0, L)
@@ -151,7 +180,7 @@ def _program(cu_ptr, T, VARLEN: tl.constexpr):
 
 @triton.jit
 def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
-                        N: tl.constexpr, L: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+                        N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
     n, h, bos, eos = _program(cu_ptr, T, VARLEN)
@@ -170,11 +199,8 @@ def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr
             tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + kmaj, ST)
         r, k, v, a, b, logd, dlog, ca, cb, clast, at, valid = _chunk(
             r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t0, tl.minimum(t0 + L, eos), h, H, N, L, DECAY, LOW_PRECISION)
-        Eb, Eq = _masked_decays(ca, cb, L)
-        Ab = tl.sum(a[:, None, :] * Eb * b[None, :, :], axis=2)
-        Ak = tl.sum(a[:, None, :] * Eb * k[None, :, :], axis=2)
-        Qb = tl.sum(r[:, None, :] * Eq * b[None, :, :], axis=2)
-        Qk = tl.sum(r[:, None, :] * Eq * k[None, :, :], axis=2)
+        Ab, Ak, Qb, Qk = _masked_products(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, tl.minimum(t0 + L, eos), h, H, N, L,
+                                          BK, DECAY, LOW_PRECISION)
         At = a * tl.exp(cb)
         Rt = r * tl.exp(ca)
         rest = tl.exp(clast[None, :] - ca)
@@ -301,7 +327,7 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
     _chunked_fwd_kernel[(n_seqs, heads)](
         r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
         y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
-        N=n, L=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
+        N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
         INTERPRET=_interpreting(), HAS_S0=initial_state is not None, VARLEN=cu_seqlens is not None,
         SAVE=checkpoints is not None, num_warps=NUM_WARPS[n])
 
