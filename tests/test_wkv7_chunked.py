@@ -45,13 +45,13 @@ def _check(result, reference, bound, what):
 
 CASES = {
     # name: (batch, T, heads, N, cu_seqlens bounds or None, initial state)
-    "T37-N32": (2, 37, 2, 32, None, True),
+    "T37-N32": (2, 37, 1, 32, None, True),
     "T16-N64-no-state": (1, 16, 1, 64, None, False),
-    "varlen-N32": (1, 45, 2, 32, [0, 5, 5, 21, 45], True),
+    "varlen-N32": (1, 45, 1, 32, [0, 5, 5, 21, 45], True),
 }
 
 
-@pytest.mark.parametrize("decay", parity.DECAYS if hasattr(parity, "DECAYS") else ("loglog", "raw", "log"))
+@pytest.mark.parametrize("decay", ("loglog", "raw", "log"))
 @pytest.mark.parametrize("case", CASES)
 def test_matches_fp64_reference(device, case, decay):
     batch, seqlen, heads, n, bounds, with_state = CASES[case]
