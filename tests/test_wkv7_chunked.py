@@ -155,3 +155,10 @@ def test_matches_fla_chunk_rwkv7(fla, device, bounds):
 
         fla_harness.compare(fla_harness.run(ours, x, kwargs, cot), theirs, want, FP32_RMS,
                             fla_harness.FLA_ERROR["default"], backend)
+
+
+def test_cpu_op_passes_opcheck():
+    """Schema, fake kernel and autograd registration of the chunked C++ op agree (what torch.compile relies on)."""
+    x = parity.rwkv7_inputs(1, 20, 1, 32, torch.float32, "loglog", seeded(0), "cpu", True)
+    args = [x[n].requires_grad_() for n in NAMES] + [x["initial_state"].requires_grad_()]
+    torch.library.opcheck(torch.ops.ropewkv.wkv7_chunked_forward.default, (*args, None, 0, 0, True))
