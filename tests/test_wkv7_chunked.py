@@ -162,3 +162,13 @@ def test_cpu_op_passes_opcheck():
     x = parity.rwkv7_inputs(1, 20, 1, 32, torch.float32, "loglog", seeded(0), "cpu", True)
     args = [x[n].requires_grad_() for n in NAMES] + [x["initial_state"].requires_grad_()]
     torch.library.opcheck(torch.ops.ropewkv.wkv7_chunked_forward.default, (*args, None, 0, 0, True))
+
+
+@pytest.mark.parametrize("n", [128, 256])
+def test_cpu_twin_large_heads(n):
+    """N = 128 and 256 (the interpreted Triton cases stop at 64 for time; the CPU twin shares their chunk math)."""
+    gen = seeded(n)
+    inputs = parity.rwkv7_inputs(1, 20, 1, n, torch.float32, "log", gen, "cpu", True)
+    cot_y, cot_s = parity.cotangents(inputs, 1, gen)
+    reference = parity.oracle(inputs, "log", cot_y, cot_s)
+    _check(_run("cpu", inputs, "log", "fp32", cot_y, cot_s), reference, FP32_RMS, n)
