@@ -63,6 +63,42 @@ __device__ __forceinline__ void stage_token(int64_t idx, int i, Decay decay, con
   __syncthreads();
 }
 
+// wkv7::step_row with its two N-term sums (sa_i = a . S_i and y_i = r . S_i) split into kParts independent FMA
+// chains of N / kParts, added pairwise at the end: one thread's consecutive FMAs then do not wait on each other
+// (a chain of N dependent FMAs is 4N cycles). Returns y_i; sa_i through `sa`.
+template <int N>
+__device__ __forceinline__ float step_row_split(float* row, const float* r, const float* d, const float* k,
+                                                const float* a, const float* b, float v_i, float& sa) {
+  constexpr int kParts = 4;
+  static_assert(N % kParts == 0);
+  float part[kParts] = {};
+#pragma unroll
+  for (int j = 0; j < N; ++j) part[j % kParts] = fmaf(a[j], row[j], part[j % kParts]);
+  sa = (part[0] + part[1]) + (part[2] + part[3]);
+  float out[kParts] = {};
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    row[j] = fmaf(v_i, k[j], fmaf(sa, b[j], row[j] * d[j]));
+    out[j % kParts] = fmaf(row[j], r[j], out[j % kParts]);
+  }
+  return (out[0] + out[1]) + (out[2] + out[3]);
+}
+
+// Element i of one token's inputs, widened (w through the decay mode, not yet turned into a decay).
+struct TokenInputs {
+  float r, w, k, v, a, b;
+};
+
+template <Precision P, typename io_t, typename w_t>
+__device__ __forceinline__ TokenInputs load_token(int64_t idx, const io_t* r, const w_t* w, const io_t* k,
+                                                  const io_t* v, const io_t* a, const io_t* b) {
+  return {wkv7::load<P>(r[idx]), load_w<P, io_t>(w, idx), wkv7::load<P>(k[idx]),
+          wkv7::load<P>(v[idx]), wkv7::load<P>(a[idx]), wkv7::load<P>(b[idx])};
+}
+
+// The forward: thread i owns row i of S. Token q's inputs are loaded while token q-1 is computed (their DRAM latency
+// leaves the per-token chain), staged into one of two shared buffers (one barrier per token), and the row sums run
+// as independent partial chains (step_row_split).
 template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
   const Task t = task_of(p.size);
@@ -73,9 +109,11 @@ __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
   const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
   io_t* y = static_cast<io_t*>(p.y);
-  __shared__ float r_[N], d_[N], k_[N], a_[N], b_[N];
+  __shared__ float r_[2][N], d_[2][N], k_[2][N], a_[2][N], b_[2][N];
   float row[N];
   load_initial_row<N>(p.initial_state, t, i, row);
+  TokenInputs next{};
+  if (t.start < t.end) next = load_token<P>(token_index(p.size, t, t.start, N) + i, r, w, k, v, a, b);
   for (int64_t q = t.start; q < t.end; ++q) {
     if (p.checkpoints != nullptr && q % kCheckpointEvery == 0) {
       float* slot = checkpoint_slot<N>(p.checkpoints, p.size, t, q);
@@ -83,9 +121,17 @@ __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
       for (int j = 0; j < N; ++j) slot[j * N + i] = row[j];  // transposed: coalesced
     }
     const int64_t idx = token_index(p.size, t, q, N) + i;
-    stage_token<P>(idx, i, decay, r, w, k, a, b, r_, d_, k_, a_, b_);
+    const int buf = int(q - t.start) & 1;
+    r_[buf][i] = next.r;
+    d_[buf][i] = wkv7::decay_of(next.w, decay);
+    k_[buf][i] = next.k;
+    a_[buf][i] = next.a;
+    b_[buf][i] = next.b;
+    const float v_i = next.v;
+    __syncthreads();  // token q is staged, and every thread is past token q - 2, this buffer's last reader
+    if (q + 1 < t.end) next = load_token<P>(idx + p.size.heads * N, r, w, k, v, a, b);
     float sa;
-    const float yi = wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa);
+    const float yi = step_row_split<N>(row, r_[buf], d_[buf], k_[buf], a_[buf], b_[buf], v_i, sa);
     y[idx] = wkv7::store<io_t, P>(yi);
   }
 #pragma unroll
