@@ -79,7 +79,7 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
         read, written = 6 * tensor, tensor + checkpoints + state
     direction = "bwd" if backward else "fwd"
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
-                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, kFP32>",),
+                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
                     cuda_threads=n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t)
 
 
@@ -88,8 +88,8 @@ def _decode() -> Workload:
     state = b * heads * n * n * 4
     vectors = b * heads * n * 2
     return Workload(f"WKV7 decode step B{b} H{heads} N{n} bf16 (state fp32, in place)", "token-head", b * heads,
-                    state + 6 * vectors, state + vectors, b * heads, cuda=("step_kernel<64, bf16_t, kFP32>",),
-                    cuda_threads=n, triton=("wkv7 decode N64 bf16",))
+                    state + 6 * vectors, state + vectors, b * heads, cuda=("step_kernel<64, bf16_t, bf16_t, kFP32>",),
+                    cuda_threads=n * n // 32, triton=("wkv7 decode N64 bf16",))
 
 
 WORKLOADS = [_rope(), _wkv7(False, 64, 64), _wkv7(True, 64, 64), _wkv7(False, 32, 128), _wkv7(True, 32, 128),
