@@ -126,6 +126,24 @@ def wkv7_launches(n, heads, *, backward=False, tokens=16, decay="loglog", low_pr
                                low_precision)
 
 
+def wkv7_chunked_launches(n, heads, *, backward=False, tokens=32, low_precision=False):
+    """One chunked WKV7 forward (or backward) launch, bf16 [1, tokens, heads, n]; low_precision: precision="bf16"
+    (its split bf16 tensor-core products)."""
+    import torch
+
+    from ropewkv.triton_kernels.rwkv7 import chunked
+
+    x = torch.empty(1, tokens, heads, n, dtype=torch.bfloat16)
+    state = torch.empty(1, heads, n, n)
+    checkpoints = torch.empty(chunked.checkpoint_slots(tokens, 1), heads, n, n)
+    if backward:
+        chunked.wkv7_backward(x, x, x, x, x, x, None, checkpoints, x, state, [x] * 6, state, "loglog",
+                              low_precision, low_precision)
+    else:
+        chunked.wkv7_forward(x, x, x, x, x, x, None, None, x, state, checkpoints, "loglog", low_precision,
+                             low_precision)
+
+
 def _log_decay(backward):
     import torch
 
@@ -152,8 +170,23 @@ TRITON = {
     "wkv7 fwd N256 bf16": TritonCase(lambda: wkv7_launches(256, 16)),
     "wkv7 bwd N256 bf16": TritonCase(lambda: wkv7_launches(256, 16, backward=True)),
     "wkv7 decode N64 bf16": TritonCase(lambda: wkv7_launches(64, 64, tokens=1, with_state=True, save=False)),
+    "wkv7 chunked fwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64)),
+    "wkv7 chunked bwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True)),
+    "wkv7 chunked fwd N64 bf16-dots": TritonCase(lambda: wkv7_chunked_launches(64, 64, low_precision=True)),
+    "wkv7 chunked bwd N64 bf16-dots": TritonCase(
+        lambda: wkv7_chunked_launches(64, 64, backward=True, low_precision=True)),
     "log_decay fwd bf16": TritonCase(lambda: _log_decay(False)),
     "log_decay bwd bf16": TritonCase(lambda: _log_decay(True)),
+}
+
+
+# Triton kernels allowed to spill, with the reason (the spill check skips them; the report still lists their spills).
+SPILL_ALLOWED = {
+    name: "first chunked WKV7 (issue 15): the fp32 state [N, N] in registers plus the chunk's [16, N] rows and the "
+          "[16, 16, 16] decay blocks exceed 255 registers at 8 warps (4 and 16 warps spill more); slicing the "
+          "backward's masked products over columns through an fp32 scratch is the known next step "
+          "(benchmarks/NOTES.md, Chunked WKV7)"
+    for name in TRITON if name.startswith("wkv7 chunked")
 }
 
 

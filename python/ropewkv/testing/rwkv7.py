@@ -104,8 +104,8 @@ def oracle(inputs: dict, decay: str, cotangent_y: torch.Tensor, cotangent_state:
 
 
 def run_wkv7(backend: str, inputs: dict, decay: str, precision: str, cotangent_y, cotangent_state, cu_seqlens=None,
-             mask=None):
-    """One backend's y, final state and gradients, computed like `oracle`."""
+             mask=None, algorithm: str = "auto"):
+    """One backend's y, final state and gradients (of `algorithm`), computed like `oracle`."""
     from ..ops.rwkv7 import wkv7
 
     leaves = {n: inputs[n].detach().clone().requires_grad_() for n in GRAD_NAMES[:6]}
@@ -113,7 +113,7 @@ def run_wkv7(backend: str, inputs: dict, decay: str, precision: str, cotangent_y
         leaves["initial_state"] = inputs["initial_state"].detach().clone().requires_grad_()
     y, state = wkv7(*(leaves[n] for n in GRAD_NAMES[:6]), initial_state=leaves.get("initial_state"),
                     output_final_state=True, cu_seqlens=cu_seqlens, mask=mask, decay=decay, precision=precision,
-                    backend=backend)
+                    backend=backend, algorithm=algorithm)
     loss = (y.float() * cotangent_y).sum() + (state * cotangent_state).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()))
     return y, state, dict(zip(leaves, grads))
@@ -140,9 +140,13 @@ def measurements(backend: str, precision: str, result, reference, tol, dtype) ->
     return rows
 
 
+CHUNKED_BACKENDS = ("cpu", "triton")  # the backends with algorithm="chunked"
+
+
 def parity_rows(device: torch.device, seed: int = 0):
-    """For `python -m ropewkv parity`: every kernel backend x dtype x precision, loglog decay, varlen-free."""
-    from . import run_backends, seeded
+    """For `python -m ropewkv parity`: every kernel backend x dtype x precision (and the chunked algorithm on the
+    backends that have it), loglog decay, varlen-free."""
+    from . import available_backends, run_backends, seeded
 
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for precision in ("fp32", "bf16"):
@@ -158,3 +162,9 @@ def parity_rows(device: torch.device, seed: int = 0):
                 lambda backend: run_wkv7(backend, inputs, "loglog", precision, cot_y, cot_s), device)
             for backend, result in results.items():
                 yield from measurements(backend, precision, result, reference, tol, dtype)
+            # The chunked algorithm where it exists (cpu, triton): the same oracle and bounds.
+            chunked = run_backends(
+                lambda backend: run_wkv7(backend, inputs, "loglog", precision, cot_y, cot_s, algorithm="chunked"),
+                device, [b for b in available_backends(device) if b in CHUNKED_BACKENDS])
+            for backend, result in chunked.items():
+                yield from measurements(f"{backend} chunked", precision, result, reference, tol, dtype)

@@ -13,13 +13,14 @@ import torch
 
 from ... import _backend, _checks
 from ...reference import rwkv7 as reference
-from . import recurrent
+from . import chunked, recurrent
 
 DECAYS = reference.DECAYS
 HEAD_SIZES = (32, 64, 128, 256)
 # The CUDA sequential twin stops at 128 (see _check_inputs); 256 runs on the triton and cpu twins.
 CUDA_HEAD_SIZES = (32, 64, 128)
 _NAMES = ("r", "w", "k", "v", "a", "b")
+ALGORITHMS = ("auto", "sequential", "chunked")
 
 
 # ---- validation --------------------------------------------------------------------------------------------------
@@ -52,6 +53,20 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
                          "its thread-per-state-row kernel would hold 3 x 256 fp32 per thread and spill): use "
                          "backend='triton' (or 'auto', which picks it)")
     return resolved
+
+
+def _resolve_algorithm(algorithm, backend: str) -> str:
+    """The algorithm for `algorithm` on the resolved backend. "auto" is "sequential" everywhere until a GPU measures
+    the chunked/sequential crossover (benchmarks/NOTES.md, "Chunked WKV7"): on the CPU twin the two are within 2x
+    of each other at every shape measured, and the Triton chunked kernel is untimed on a GPU so far."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "auto":
+        return "sequential"
+    if algorithm == "chunked" and backend == "cuda":
+        raise NotImplementedError("algorithm='chunked' has no CUDA twin yet: use backend='triton' (the chunked "
+                                  "Triton kernel) or algorithm='sequential' with backend='cuda'")
+    return algorithm
 
 
 def _check_decay(decay) -> int:
@@ -127,7 +142,7 @@ def _decay_input(w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
          initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
          cu_seqlens: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None, decay: str = "loglog",
-         precision: Optional[str] = None, backend: str = "auto"):
+         precision: Optional[str] = None, backend: str = "auto", algorithm: str = "auto"):
     """The RWKV-7 WKV recurrence: S_t = S_{t-1} (diag(d_t) + a_t b_t^T) + v_t k_t^T, y_t = S_t r_t (scale 1).
 
     Args:
@@ -153,12 +168,17 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
             decay, sa and every sum stay fp32, because d can be within 1e-3 of 1 and S accumulates over thousands of
             steps). Ignored by fp64 inputs and by the reference backend.
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
+        algorithm: "auto" | "sequential" | "chunked". "sequential" steps the state token by token; "chunked" runs
+            16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu
+            and triton backends (cuda: NotImplementedError). "auto" is "sequential" until a GPU measures the
+            crossover (see _resolve_algorithm). The reference backend is the fp64 oracle whatever the algorithm.
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
     Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included; w's
     gradient comes in w's dtype.
     """
     resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
+    algorithm = _resolve_algorithm(algorithm, resolved)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
@@ -175,6 +195,12 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
         y, final_state = reference.wkv7(*tensors, initial_state=initial_state, output_final_state=output_final_state,
                                         cu_seqlens=cu_seqlens, decay=decay, dtype=_backend.compute_dtype(r.dtype))
         return y.to(r.dtype), final_state
+    if algorithm == "chunked":
+        if resolved == "triton":
+            return chunked.wkv7_chunked_triton(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay,
+                                               precision)
+        return chunked.wkv7_chunked_cpp(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay_code,
+                                        precision)
     if resolved == "triton":
         return recurrent.wkv7_triton(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay, precision)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (*tensors, initial_state))

@@ -1,0 +1,352 @@
+#pragma once
+// RWKV-7 WKV in chunked form: the math of one chunk of L <= kChunk tokens, forward and backward, shared by the CPU
+// twin (csrc/wkv7/wkv7_chunked_cpu.cpp). The derivation, with where each fp32 quantity lives in every twin, is
+// python/ropewkv/ops/rwkv7/chunked.md; the symbols below are its symbols.
+//
+// The state is kept transposed here, ST[k][v] = S[v][k] (k-major), so that every product with the state is a sum of
+// rows of ST scaled by scalars (an axpy over the contiguous v index, which vectorises without horizontal sums).
+//
+// Inside a chunk, c[x] = sum_{t <= x} log d_t (c[0] = 0, x = 0..L) and every decay between two positions is
+// E[x][y] = exp(c[x] - c[y]) = d_{y+1} ... d_x with x >= y, in (0, 1]: formed here as a running product over exactly
+// that index range. No cumulative decay is ever divided by.
+#include <vector>
+
+#include "ropewkv/wkv7.h"
+
+namespace ropewkv::wkv7::chunked {
+
+inline constexpr int kChunk = kCheckpointEvery;  // the chunk is the checkpoint interval: one saved state per chunk
+
+// C[m][:] += sum_k A(m, k) B[k][:] for m < rows, over n_cols (a multiple of 16) contiguous columns: A(m, k) =
+// A[m * lda + k], or A[k * lda + m] when a_transposed. Register-blocked (4 rows x 16 columns of C held in locals across
+// the k loop) so that the compiler keeps the block in vector registers: the chunk's products with the state, whose
+// sequential counterparts are load-bound row loops.
+template <typename acc_t>
+void gemm_acc(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, bool a_transposed, const acc_t* B, int64_t ldb,
+              int64_t rows, int64_t depth, int64_t n_cols) {
+  constexpr int kRows = 4, kCols = 16;
+  for (int64_t m0 = 0; m0 < rows; m0 += kRows) {
+    const int mr = int(rows - m0 < kRows ? rows - m0 : kRows);
+    for (int64_t c0 = 0; c0 < n_cols; c0 += kCols) {
+      acc_t acc[kRows][kCols] = {};
+      for (int64_t kk = 0; kk < depth; ++kk) {
+        const acc_t* brow = B + kk * ldb + c0;
+        for (int mm = 0; mm < kRows; ++mm) {
+          const acc_t x = mm < mr ? (a_transposed ? A[kk * lda + m0 + mm] : A[(m0 + mm) * lda + kk]) : acc_t(0);
+          ROPEWKV_SIMD
+          for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] += x * brow[cc];
+        }
+      }
+      for (int mm = 0; mm < mr; ++mm) {
+        acc_t* crow = C + (m0 + mm) * ldc + c0;
+        ROPEWKV_SIMD
+        for (int cc = 0; cc < kCols; ++cc) crow[cc] += acc[mm][cc];
+      }
+    }
+  }
+}
+
+template <typename acc_t>
+struct Chunk {
+  int64_t n;
+  int len = 0;
+  // Per token (row l of an L x n block): the inputs (loaded, bf16-rounded in the bf16 mode) and dlog = dlog(d)/dw.
+  std::vector<acc_t> r, k, v, a, b, logd, dlog;
+  std::vector<acc_t> d;        // L x n decays
+  std::vector<acc_t> E;        // the lower triangle x >= y of E[x][y] = exp(c[x] - c[y]), (L+1)(L+2)/2 rows of n
+  std::vector<acc_t> At, Rt;   // A~[l] = a_l e^{c[l]},  R~[l] = r_l e^{c[l+1]}
+  std::vector<acc_t> Bh, Kh;   // B^[l] = b_l e^{c[L] - c[l+1]},  K^[l] = k_l e^{c[L] - c[l+1]}
+  std::vector<acc_t> Ab, Ak;   // L x L, m < l:  sum_j a_l[j] {b,k}_m[j] E[l][m+1][j]
+  std::vector<acc_t> Qb, Qk;   // L x L, m <= l: sum_j r_l[j] {b,k}_m[j] E[l+1][m+1][j]
+  std::vector<acc_t> U;        // L x n: u_l = S_{l-1} a_l (the sequential form's sa)
+  std::vector<acc_t> tmp;
+
+  explicit Chunk(int64_t n_)
+      : n(n_), r(kChunk * n_), k(kChunk * n_), v(kChunk * n_), a(kChunk * n_), b(kChunk * n_), logd(kChunk * n_),
+        dlog(kChunk * n_), d(kChunk * n_), E((kChunk + 1) * (kChunk + 2) / 2 * n_), At(kChunk * n_),
+        Rt(kChunk * n_), Bh(kChunk * n_), Kh(kChunk * n_), Ab(kChunk * kChunk), Ak(kChunk * kChunk),
+        Qb(kChunk * kChunk), Qk(kChunk * kChunk), U(kChunk * n_), tmp(n_) {}
+
+  acc_t* e(int x, int y) { return &E[(int64_t(x) * (x + 1) / 2 + y) * n]; }
+
+  // Everything that does not depend on the state: decays, scaled rows and the four masked decay products.
+  void prepare() {
+    // E[x][y] = d_{y+1} ... d_x as a running product over exactly that range (E[x][x] = 1): one multiply per entry
+    // instead of an exp, each factor the decay the sequential form multiplies by.
+    for (int l = 0; l < len; ++l) {
+      ROPEWKV_SIMD
+      for (int64_t j = 0; j < n; ++j) d[l * n + j] = exp_(logd[l * n + j]);
+    }
+    for (int x = 0; x <= len; ++x) {
+      acc_t* exx = e(x, x);
+      for (int64_t j = 0; j < n; ++j) exx[j] = acc_t(1);
+      for (int y = x - 1; y >= 0; --y) {
+        acc_t *exy = e(x, y), *prev = e(x, y + 1);
+        const acc_t* dy = &d[y * n];  // d_{y+1}: token row y
+        ROPEWKV_SIMD
+        for (int64_t j = 0; j < n; ++j) exy[j] = prev[j] * dy[j];
+      }
+    }
+    for (int l = 0; l < len; ++l) {
+      const acc_t *e_before = e(l, 0), *e_after = e(l + 1, 0), *e_rest = e(len, l + 1);
+      ROPEWKV_SIMD
+      for (int64_t j = 0; j < n; ++j) {
+        At[l * n + j] = a[l * n + j] * e_before[j];
+        Rt[l * n + j] = r[l * n + j] * e_after[j];
+        Bh[l * n + j] = b[l * n + j] * e_rest[j];
+        Kh[l * n + j] = k[l * n + j] * e_rest[j];
+      }
+    }
+    for (int l = 0; l < len; ++l) {
+      for (int m = 0; m <= l; ++m) {
+        const acc_t *bm = &b[m * n], *km = &k[m * n];
+        if (m < l) {
+          const acc_t *al = &a[l * n], *em = e(l, m + 1);
+          acc_t sb = 0, sk = 0;
+          ROPEWKV_PRAGMA(omp simd reduction(+ : sb, sk))
+          for (int64_t j = 0; j < n; ++j) {
+            const acc_t x = al[j] * em[j];
+            sb += x * bm[j];
+            sk += x * km[j];
+          }
+          Ab[l * kChunk + m] = sb;
+          Ak[l * kChunk + m] = sk;
+        }
+        const acc_t *rl = &r[l * n], *eq = e(l + 1, m + 1);
+        acc_t sb = 0, sk = 0;
+        ROPEWKV_PRAGMA(omp simd reduction(+ : sb, sk))
+        for (int64_t j = 0; j < n; ++j) {
+          const acc_t x = rl[j] * eq[j];
+          sb += x * bm[j];
+          sk += x * km[j];
+        }
+        Qb[l * kChunk + m] = sb;
+        Qk[l * kChunk + m] = sk;
+      }
+    }
+  }
+
+  // dst[l][:] (+)= sum_j coef[l][j] ST[j][:] for the chunk's rows: an L x n times n x n product, axpy form.
+  void rows_times_state(acc_t* dst, const acc_t* coef, const acc_t* ST) const {
+    gemm_acc(dst, n, coef, n, false, ST, n, len, n, n);
+  }
+
+  // Forward. ST: the state before the chunk (k-major), becomes the state after it. y: L x n outputs (fp32).
+  void forward(acc_t* ST, acc_t* y) {
+    solve_u(ST);
+    forward_outputs(ST, y);
+  }
+
+  // U = (I - Ab)^{-1} (A~ S0^T + Ak V): forward substitution, row by row. ST: the state before the chunk.
+  void solve_u(const acc_t* ST) {
+    std::fill(U.begin(), U.begin() + len * n, acc_t(0));
+    rows_times_state(U.data(), At.data(), ST);
+    for (int l = 0; l < len; ++l) {
+      acc_t* ul = &U[l * n];
+      for (int m = 0; m < l; ++m) {
+        const acc_t ab = Ab[l * kChunk + m], ak = Ak[l * kChunk + m];
+        const acc_t *um = &U[m * n], *vm = &v[m * n];
+        ROPEWKV_SIMD
+        for (int64_t i = 0; i < n; ++i) ul[i] += ab * um[i] + ak * vm[i];
+      }
+    }
+  }
+
+  // Y and the state after the chunk, from U (solve_u already run on ST).
+  void forward_outputs(acc_t* ST, acc_t* y) {
+    // Y = R~ S0^T + Qb U + Qk V.
+    std::fill(y, y + len * n, acc_t(0));
+    rows_times_state(y, Rt.data(), ST);
+    for (int l = 0; l < len; ++l) {
+      acc_t* yl = y + l * n;
+      for (int m = 0; m <= l; ++m) {
+        const acc_t qb = Qb[l * kChunk + m], qk = Qk[l * kChunk + m];
+        const acc_t *um = &U[m * n], *vm = &v[m * n];
+        ROPEWKV_SIMD
+        for (int64_t i = 0; i < n; ++i) yl[i] += qb * um[i] + qk * vm[i];
+      }
+    }
+    // S_L^T = diag(e^{c[L]}) S0^T + B^T U + K^T V.
+    const acc_t* decay_all = e(len, 0);
+    for (int64_t j = 0; j < n; ++j) {
+      acc_t* row = ST + j * n;
+      const acc_t dj = decay_all[j];
+      ROPEWKV_SIMD
+      for (int64_t i = 0; i < n; ++i) row[i] *= dj;
+    }
+    gemm_acc(ST, n, Bh.data(), n, true, U.data(), n, n, len, n);
+    gemm_acc(ST, n, Kh.data(), n, true, v.data(), n, n, len, n);
+  }
+
+  // The backward of one masked decay product M[l][m] = sum_j x_l[j] y_m[j] E[p(l)][m+1][j] (p(l) = l + shift,
+  // pairs m + 1 <= p(l)): dx += dM y E, dy += dM^T x E, and the log-decay cotangent dc[p(l)] += x (dM y E),
+  // dc[m+1] -= y (dM^T x E).
+  void masked_backward(const acc_t* dM, int shift, const acc_t* x, const acc_t* y, acc_t* dx, acc_t* dy,
+                       acc_t* dc) {
+    for (int l = 0; l < len; ++l) {
+      const int p = l + shift;
+      const acc_t* xl = x + l * n;
+      std::fill(tmp.begin(), tmp.end(), acc_t(0));
+      for (int m = 0; m + 1 <= p && m < len; ++m) {
+        const acc_t g = dM[l * kChunk + m];
+        const acc_t *ym = y + m * n, *epm = e(p, m + 1);
+        acc_t* dym = dy + m * n;
+        acc_t* dcm = dc + (m + 1) * n;
+        ROPEWKV_SIMD
+        for (int64_t j = 0; j < n; ++j) {
+          const acc_t ge = g * epm[j];
+          tmp[j] += ge * ym[j];
+          const acc_t to_y = ge * xl[j];
+          dym[j] += to_y;
+          dcm[j] -= to_y * ym[j];
+        }
+      }
+      acc_t *dxl = dx + l * n, *dcp = dc + p * n;
+      ROPEWKV_SIMD
+      for (int64_t j = 0; j < n; ++j) {
+        dxl[j] += tmp[j];
+        dcp[j] += tmp[j] * xl[j];
+      }
+    }
+  }
+};
+
+// The gradient buffers of one chunk (L x n each, fp32) and the state cotangent carried across chunks.
+template <typename acc_t>
+struct ChunkGrads {
+  int64_t n;
+  std::vector<acc_t> dr, dk, dv, da, db, dlogd, dc, dU, dX, dAt, dRt, dBh, dKh, S, G, UT, VT, dAb, dAk, dQb, dQk;
+  explicit ChunkGrads(int64_t n_)
+      : n(n_), dr(kChunk * n_), dk(kChunk * n_), dv(kChunk * n_), da(kChunk * n_), db(kChunk * n_),
+        dlogd(kChunk * n_), dc((kChunk + 1) * n_), dU(kChunk * n_), dX(kChunk * n_), dAt(kChunk * n_),
+        dRt(kChunk * n_), dBh(kChunk * n_), dKh(kChunk * n_), S(n_ * n_), G(n_ * n_), UT(kChunk * n_), VT(kChunk * n_), dAb(kChunk * kChunk),
+        dAk(kChunk * kChunk), dQb(kChunk * kChunk), dQk(kChunk * kChunk) {}
+};
+
+template <typename acc_t>
+ROPEWKV_HD acc_t dot_rows(const acc_t* x, const acc_t* y, int64_t n) {
+  acc_t s = acc_t(0);
+  ROPEWKV_SIMD_SUM(s)
+  for (int64_t j = 0; j < n; ++j) s += x[j] * y[j];
+  return s;
+}
+
+// Backward of one chunk. ch: prepared, with ch.solve_u already run on ST0 (so ch.U holds u). ST0: the state before
+// the chunk (k-major). GT: dL/dS after the chunk, transposed (GT[k][v]); becomes dL/dS before it. dy: L x n.
+// Fills g.dr, dk, dv, da, db and g.dlogd (the cotangent of log d per token).
+template <typename acc_t>
+void chunk_backward(Chunk<acc_t>& ch, const acc_t* ST0, acc_t* GT, const acc_t* dy, ChunkGrads<acc_t>& g) {
+  const int64_t n = ch.n;
+  const int len = ch.len;
+  const int64_t ln = int64_t(len) * n;
+  for (auto* buf : {&g.dr, &g.dk, &g.dv, &g.da, &g.db, &g.dU, &g.dAt, &g.dRt, &g.dBh, &g.dKh})
+    std::fill(buf->begin(), buf->begin() + ln, acc_t(0));
+  std::fill(g.dc.begin(), g.dc.begin() + (len + 1) * n, acc_t(0));
+  // S0 in [v][k] layout, for the products with the state on the other side.
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < n; ++i) g.S[i * n + j] = ST0[j * n + i];
+  const acc_t* S0 = g.S.data();
+  const acc_t* decay_all = ch.e(len, 0);
+
+  // From S_L = S0 diag(e^{c[L]}) + U^T B^ + V^T K^:  dU = B^ G^T, dV = K^ G^T (rows of GT), dB^ = U G, dK^ = V G,
+  // dc[L] += sum_v S0 G e^{c[L]}.
+  ch.rows_times_state(g.dU.data(), ch.Bh.data(), GT);
+  ch.rows_times_state(g.dv.data(), ch.Kh.data(), GT);
+  for (int64_t j = 0; j < n; ++j) {
+    g.dc[len * n + j] = decay_all[j] * dot_rows(ST0 + j * n, GT + j * n, n);
+    for (int64_t i = 0; i < n; ++i) g.G[i * n + j] = GT[j * n + i];
+  }
+  gemm_acc(g.dBh.data(), n, ch.U.data(), n, false, g.G.data(), n, len, n, n);
+  gemm_acc(g.dKh.data(), n, ch.v.data(), n, false, g.G.data(), n, len, n, n);
+  // From Y = R~ S0^T + Qb U + Qk V.
+  // U^T, V^T (n x L) for the L x L products dY U^T, dY V^T, dX U^T, dX V^T as blocked products (entries outside
+  // the masks are computed and never read).
+  for (int l = 0; l < kChunk; ++l) {
+    for (int64_t i = 0; i < n; ++i) {
+      g.UT[i * kChunk + l] = l < len ? ch.U[l * n + i] : acc_t(0);
+      g.VT[i * kChunk + l] = l < len ? ch.v[l * n + i] : acc_t(0);
+    }
+  }
+  for (auto* buf : {&g.dQb, &g.dQk, &g.dAb, &g.dAk}) std::fill(buf->begin(), buf->end(), acc_t(0));
+  gemm_acc(g.dQb.data(), kChunk, dy, n, false, g.UT.data(), kChunk, len, n, kChunk);
+  gemm_acc(g.dQk.data(), kChunk, dy, n, false, g.VT.data(), kChunk, len, n, kChunk);
+  for (int l = 0; l < len; ++l) {
+    const acc_t* dyl = dy + l * n;
+    for (int m = 0; m <= l; ++m) {
+      const acc_t qb = ch.Qb[l * kChunk + m], qk = ch.Qk[l * kChunk + m];
+      acc_t *dum = &g.dU[m * n], *dvm = &g.dv[m * n];
+      ROPEWKV_SIMD
+      for (int64_t i = 0; i < n; ++i) {
+        dum[i] += qb * dyl[i];
+        dvm[i] += qk * dyl[i];
+      }
+    }
+  }
+  ch.rows_times_state(g.dRt.data(), dy, S0);
+  // Through U = X + Ab U: dX = (I - Ab)^{-T} dU (back substitution), dAb = dX U^T, dAk = dX V^T, dV += Ak^T dX,
+  // dA~ = dX S0.
+  for (int l = len - 1; l >= 0; --l) {
+    acc_t* dxl = &g.dX[l * n];
+    std::copy(&g.dU[l * n], &g.dU[l * n] + n, dxl);
+    for (int m = l + 1; m < len; ++m) {
+      const acc_t ab = ch.Ab[m * kChunk + l];
+      const acc_t* dxm = &g.dX[m * n];
+      ROPEWKV_SIMD
+      for (int64_t i = 0; i < n; ++i) dxl[i] += ab * dxm[i];
+    }
+  }
+  gemm_acc(g.dAb.data(), kChunk, g.dX.data(), n, false, g.UT.data(), kChunk, len, n, kChunk);
+  gemm_acc(g.dAk.data(), kChunk, g.dX.data(), n, false, g.VT.data(), kChunk, len, n, kChunk);
+  for (int l = 0; l < len; ++l) {
+    const acc_t* dxl = &g.dX[l * n];
+    for (int m = 0; m < l; ++m) {
+      const acc_t ak = ch.Ak[l * kChunk + m];
+      acc_t* dvm = &g.dv[m * n];
+      ROPEWKV_SIMD
+      for (int64_t i = 0; i < n; ++i) dvm[i] += ak * dxl[i];
+    }
+  }
+  ch.rows_times_state(g.dAt.data(), g.dX.data(), S0);
+  // The state cotangent before the chunk: G0^T = diag(e^{c[L]}) G^T + R~^T dY + A~^T dX.
+  for (int64_t j = 0; j < n; ++j) {
+    acc_t* row = GT + j * n;
+    const acc_t dj = decay_all[j];
+    ROPEWKV_SIMD
+    for (int64_t i = 0; i < n; ++i) row[i] *= dj;
+  }
+  gemm_acc(GT, n, ch.Rt.data(), n, true, dy, n, n, len, n);
+  gemm_acc(GT, n, ch.At.data(), n, true, g.dX.data(), n, n, len, n);
+  // The masked products: Ab, Ak (x = a, p(l) = l), Qb, Qk (x = r, p(l) = l + 1).
+  ch.masked_backward(g.dAb.data(), 0, ch.a.data(), ch.b.data(), g.da.data(), g.db.data(), g.dc.data());
+  ch.masked_backward(g.dAk.data(), 0, ch.a.data(), ch.k.data(), g.da.data(), g.dk.data(), g.dc.data());
+  ch.masked_backward(g.dQb.data(), 1, ch.r.data(), ch.b.data(), g.dr.data(), g.db.data(), g.dc.data());
+  ch.masked_backward(g.dQk.data(), 1, ch.r.data(), ch.k.data(), g.dr.data(), g.dk.data(), g.dc.data());
+  // The scaled rows: A~ = a e^{c[l]}, R~ = r e^{c[l+1]}, B^ = b e^{c[L] - c[l+1]}, K^ likewise.
+  for (int l = 0; l < len; ++l) {
+    const acc_t *e_before = ch.e(l, 0), *e_after = ch.e(l + 1, 0), *e_rest = ch.e(len, l + 1);
+    acc_t *dcb = &g.dc[l * n], *dca = &g.dc[(l + 1) * n], *dcl = &g.dc[len * n];
+    const int64_t o = l * n;
+    ROPEWKV_SIMD
+    for (int64_t j = 0; j < n; ++j) {
+      g.da[o + j] += g.dAt[o + j] * e_before[j];
+      dcb[j] += g.dAt[o + j] * ch.At[o + j];
+      g.dr[o + j] += g.dRt[o + j] * e_after[j];
+      dca[j] += g.dRt[o + j] * ch.Rt[o + j];
+      g.db[o + j] += g.dBh[o + j] * e_rest[j];
+      g.dk[o + j] += g.dKh[o + j] * e_rest[j];
+      const acc_t to_c = g.dBh[o + j] * ch.Bh[o + j] + g.dKh[o + j] * ch.Kh[o + j];
+      dcl[j] += to_c;
+      dca[j] -= to_c;
+    }
+  }
+  // c[x] = sum_{t <= x} log d_t, so the cotangent of log d_l is the suffix sum of dc over x >= l + 1.
+  for (int64_t j = 0; j < n; ++j) {
+    acc_t sum = acc_t(0);
+    for (int l = len - 1; l >= 0; --l) {
+      sum += g.dc[(l + 1) * n + j];
+      g.dlogd[l * n + j] = sum;
+    }
+  }
+}
+
+}  // namespace ropewkv::wkv7::chunked

@@ -1,0 +1,157 @@
+"""The chunked WKV7 (ropewkv.wkv7(..., algorithm="chunked"), derivation in python/ropewkv/ops/rwkv7/chunked.md)
+against the fp64 reference, the sequential twin and FLA's chunk_rwkv7: forward, final state and every gradient,
+the three decay conventions, T not a multiple of the 16-token chunk, varlen, fp64 gradcheck of the CPU twin."""
+import pytest
+import torch
+
+import ropewkv
+from ropewkv.testing import poisoned_outputs, rms_ratio, seeded
+from ropewkv.testing import rwkv7 as parity
+from conftest import kernel_backends
+from fla_cpu import fla  # noqa: F401  (the session fixture)
+
+NAMES = ("r", "w", "k", "v", "a", "b")
+# fp32: the chunk's products are sums of <= 16 N terms and each pair decay is one exp of a difference of chunk-local
+# log sums; measured 1e-7 .. 4e-7 RMS against fp64 on the shapes below (the sequential twin: 1e-7 .. 3e-7).
+FP32_RMS = 2e-6
+
+
+def _backends(device):
+    return [b for b in kernel_backends(device) if b in ("cpu", "triton")]
+
+
+def _run(backend, inputs, decay, precision, cot_y, cot_s, cu_seqlens=None, algorithm="chunked"):
+    leaves = {n: inputs[n].detach().clone().requires_grad_() for n in NAMES}
+    s0 = inputs["initial_state"]
+    if s0 is not None:
+        leaves["initial_state"] = s0.detach().clone().requires_grad_()
+    with poisoned_outputs():
+        y, state = ropewkv.wkv7(*(leaves[n] for n in NAMES), initial_state=leaves.get("initial_state"),
+                                output_final_state=True, cu_seqlens=cu_seqlens, decay=decay, precision=precision,
+                                backend=backend, algorithm=algorithm)
+        grads = torch.autograd.grad([y, state], list(leaves.values()), [cot_y.to(y.dtype), cot_s])
+    return y, state, dict(zip(leaves, grads))
+
+
+def _check(result, reference, bound, what):
+    y, state, grads = result
+    ref_y, ref_state, ref_grads = reference
+    errors = {"y": rms_ratio(y, ref_y), "final_state": rms_ratio(state, ref_state)}
+    errors.update({"d" + n: rms_ratio(grads[n], ref_grads[n]) for n in ref_grads})
+    for name, err in errors.items():
+        assert err < bound, (what, name, err, errors)
+    return errors
+
+
+CASES = {
+    # name: (batch, T, heads, N, cu_seqlens bounds or None, initial state)
+    "T37-N32": (2, 37, 2, 32, None, True),
+    "T16-N64-no-state": (1, 16, 1, 64, None, False),
+    "varlen-N32": (1, 45, 2, 32, [0, 5, 5, 21, 45], True),
+}
+
+
+@pytest.mark.parametrize("decay", parity.DECAYS if hasattr(parity, "DECAYS") else ("loglog", "raw", "log"))
+@pytest.mark.parametrize("case", CASES)
+def test_matches_fp64_reference(device, case, decay):
+    batch, seqlen, heads, n, bounds, with_state = CASES[case]
+    cu = None if bounds is None else torch.tensor(bounds, device=device)
+    n_seqs = batch if cu is None else len(bounds) - 1
+    gen = seeded(seqlen + n)
+    inputs = parity.rwkv7_inputs(batch, seqlen, heads, n, torch.float32, decay, gen, device, with_state)
+    if with_state and cu is not None:
+        inputs["initial_state"] = torch.randn(n_seqs, heads, n, n, generator=gen).to(device)
+    cot_y, cot_s = parity.cotangents(inputs, n_seqs, gen, device)
+    reference = parity.oracle(inputs, decay, cot_y, cot_s, cu_seqlens=cu)
+    if not with_state:
+        reference[2].pop("initial_state", None)
+    for backend in _backends(device):
+        if backend == "triton" and n > 32 and device.type == "cpu":
+            continue  # the interpreter is slow: N = 32 covers the Triton kernel here
+        _check(_run(backend, inputs, decay, "fp32", cot_y, cot_s, cu), reference, FP32_RMS, (backend, case, decay))
+
+
+def test_cpu_twin_long_sequence_matches_sequential_and_reference():
+    """T = 250 (15 full chunks and a short last one): chunked and sequential CPU twins both near fp64."""
+    gen = seeded(7)
+    inputs = parity.rwkv7_inputs(1, 250, 1, 64, torch.float32, "raw", gen, "cpu", True)
+    cot_y, cot_s = parity.cotangents(inputs, 1, gen)
+    reference = parity.oracle(inputs, "raw", cot_y, cot_s)
+    chunked = _check(_run("cpu", inputs, "raw", "fp32", cot_y, cot_s), reference, FP32_RMS, "chunked")
+    sequential = _check(_run("cpu", inputs, "raw", "fp32", cot_y, cot_s, algorithm="sequential"), reference,
+                        FP32_RMS, "sequential")
+    assert max(chunked.values()) < 4 * max(sequential.values()) + 1e-7, (chunked, sequential)
+
+
+@pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "fp32"), (torch.float16, "fp32"),
+                                             (torch.float32, "bf16"), (torch.bfloat16, "bf16")])
+def test_low_precision_io(device, dtype, precision):
+    """Low-precision I/O and the bf16 mode: within the sequential form's tolerances of the oracle."""
+    gen = seeded(3)
+    inputs = parity.rwkv7_inputs(1, 40, 2, 32, dtype, "loglog", gen, device, True)
+    cot_y, cot_s = parity.cotangents(inputs, 1, gen, device)
+    oracle_inputs = dict(inputs)
+    if precision == "bf16":  # the kernel rounds every input through bf16 on load: so does the oracle's copy
+        oracle_inputs.update({n: inputs[n].to(torch.bfloat16).to(dtype) for n in NAMES})
+    reference = parity.oracle(oracle_inputs, "loglog", cot_y, cot_s)
+    bound = parity.tolerance(dtype, precision, 40).rms
+    for backend in _backends(device):
+        y, state, grads = _run(backend, inputs, "loglog", precision, cot_y, cot_s)
+        assert y.dtype == dtype and grads["w"].dtype == dtype
+        _check((y, state, grads), reference, bound, (backend, dtype, precision))
+
+
+def test_cpu_twin_fp64_gradcheck():
+    """fp64 end to end on the CPU twin: autograd's numerical Jacobian, T = 19 (a full chunk and a short one)."""
+    gen = seeded(11)
+    x = parity.rwkv7_inputs(1, 19, 1, 32, torch.float64, "raw", gen, "cpu", False)
+    s0 = torch.randn(1, 1, 32, 32, dtype=torch.float64, generator=gen)
+    leaves = [x[n].clone().requires_grad_() for n in NAMES] + [s0.requires_grad_()]
+
+    def f(*args):
+        y, state = ropewkv.wkv7(*args[:6], initial_state=args[6], output_final_state=True, decay="raw",
+                                backend="cpu", algorithm="chunked")
+        return y, state
+
+    assert torch.autograd.gradcheck(f, leaves, fast_mode=True)
+
+
+def test_algorithm_argument():
+    x = parity.rwkv7_inputs(1, 8, 1, 32, torch.float32, "loglog", seeded(0), "cpu", False)
+    args = [x[n] for n in NAMES]
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        ropewkv.wkv7(*args, algorithm="parallel")
+    y_auto, _ = ropewkv.wkv7(*args, backend="cpu", algorithm="auto")
+    y_seq, _ = ropewkv.wkv7(*args, backend="cpu", algorithm="sequential")
+    torch.testing.assert_close(y_auto, y_seq, rtol=0, atol=0)  # auto is the sequential form until a GPU decides
+
+
+def test_cuda_chunked_is_not_implemented():
+    from ropewkv.ops.rwkv7 import api
+
+    with pytest.raises(NotImplementedError, match="no CUDA twin"):
+        api._resolve_algorithm("chunked", "cuda")
+
+
+@pytest.mark.parametrize("bounds", [None, [0, 7, 20]])
+def test_matches_fla_chunk_rwkv7(fla, device, bounds):
+    """Against FLA 0.6.0's own chunk_rwkv7 (interpreted on CPU), in FLA's conventions (log decay, state [N, H, K,
+    V]): both sides within their own error of fp64 and within the sum of those errors of each other."""
+    import test_compat_fla as fla_harness
+
+    cu = None if bounds is None else torch.tensor(bounds, device=device)
+    n_states = 1 if cu is None else len(bounds) - 1
+    x, _ = fla_harness.fla_case(1, 20, 2, 32, seed=5, n_states=n_states, device=device)
+    cot = fla_harness.cotangents_for(x, n_states, seed=2)
+    want = fla_harness.oracle_with_grads(x, 1.0, cot, cu)
+    kwargs = dict(output_final_state=True, cu_seqlens=cu)
+    theirs = fla_harness.run(fla.ops.chunk_rwkv7, x, kwargs, cot)
+    for backend in _backends(device):
+        def ours(r, w, k, v, a, b, initial_state, output_final_state, cu_seqlens):
+            y, state = ropewkv.wkv7(r, w, k, v, a, b, initial_state=initial_state.transpose(-1, -2),
+                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens, decay="log",
+                                    backend=backend, algorithm="chunked")
+            return y, state.transpose(-1, -2)
+
+        fla_harness.compare(fla_harness.run(ours, x, kwargs, cot), theirs, want, FP32_RMS,
+                            fla_harness.FLA_ERROR["default"], backend)
