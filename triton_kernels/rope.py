@@ -139,9 +139,12 @@ def _token_cos_sin(token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, off
 @triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_heads, cos1, sin1, cos2, sin2,
                   off1, off2, half_mask,
-                  ROTARY_DIM: tl.constexpr, REST: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_H: tl.constexpr,
-                  LOW_PRECISION: tl.constexpr, COPY_REST: tl.constexpr, INTERPRETING: tl.constexpr):
-    """Rotate every head of one token: out[off1] = x1 cos1 - x2 sin1, out[off2] = x2 cos2 + x1 sin2."""
+                  ROTARY_DIM: tl.constexpr, REST: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
+                  BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr, LOW_PRECISION: tl.constexpr,
+                  COPY_REST: tl.constexpr, INTERPRETING: tl.constexpr):
+    """Rotate every head of one token: out[off1] = x1 cos1 - x2 sin1, out[off2] = x2 cos2 + x1 sin2. GPT-J pairs
+    (off1, off2) = (2i, 2i+1) are loaded and stored as one contiguous [BLOCK_H, 2 BLOCK_HALF] block (16-byte vectors on
+    a GPU), split into x1, x2 and joined back; NeoX halves are two contiguous blocks already."""
     dtype: tl.constexpr = o_ptr.dtype.element_ty
     if LOW_PRECISION:  # HF eager in the io dtype: the tables are rounded, then every product and the sum.
         cos1 = _round_to(cos1, dtype, INTERPRETING)
@@ -151,14 +154,20 @@ def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_head
     x_tok = x_ptr + b * x_sb + s * x_ss
     o_tok = o_ptr + b * o_sb + s * o_ss
     rest = tl.arange(0, BLOCK_REST)
+    dims = tl.arange(0, 2 * BLOCK_HALF)
     for h0 in range(0, n_heads, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
         head_mask = h < n_heads
         x_row = x_tok + h[:, None] * x_sh
         o_row = o_tok + h[:, None] * o_sh
-        mask = head_mask[:, None] & half_mask[None, :]
-        x1 = tl.load(x_row + off1[None, :], mask=mask).to(tl.float32)
-        x2 = tl.load(x_row + off2[None, :], mask=mask).to(tl.float32)
+        if INTERLEAVED:  # GPT-J: the pairs are adjacent; load the rotary dims whole (16-byte vectors) and split
+            pair_mask = head_mask[:, None] & (dims < ROTARY_DIM)[None, :]
+            x = tl.load(x_row + dims[None, :], mask=pair_mask).to(tl.float32)
+            x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_HALF, 2)))
+        else:
+            mask = head_mask[:, None] & half_mask[None, :]
+            x1 = tl.load(x_row + off1[None, :], mask=mask).to(tl.float32)
+            x2 = tl.load(x_row + off2[None, :], mask=mask).to(tl.float32)
         if LOW_PRECISION:
             out1 = _round_to(_round_to(x1 * cos1, dtype, INTERPRETING) - _round_to(x2 * sin1, dtype, INTERPRETING),
                              dtype, INTERPRETING)
@@ -168,8 +177,12 @@ def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_head
             out1 = _round_to(x1 * cos1 - x2 * sin1, dtype, INTERPRETING)
             out2 = _round_to(x2 * cos2 + x1 * sin2, dtype, INTERPRETING)
         # out1/out2 hold values exact in `dtype`, so this cast is exact (also where the interpreter truncates).
-        tl.store(o_row + off1[None, :], out1.to(dtype), mask=mask)
-        tl.store(o_row + off2[None, :], out2.to(dtype), mask=mask)
+        if INTERLEAVED:
+            out = tl.reshape(tl.join(out1, out2), (BLOCK_H, 2 * BLOCK_HALF))
+            tl.store(o_row + dims[None, :], out.to(dtype), mask=pair_mask)
+        else:
+            tl.store(o_row + off1[None, :], out1.to(dtype), mask=mask)
+            tl.store(o_row + off2[None, :], out2.to(dtype), mask=mask)
         if COPY_REST:  # dims past rotary_dim, bit for bit in the storage dtype
             rest_mask = head_mask[:, None] & (rest < REST)[None, :]
             tail = tl.load(x_row + ROTARY_DIM + rest[None, :], mask=rest_mask)
@@ -208,12 +221,12 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, freq_ptr, pos_ptr, offset_ptr, cu
         sin1, sin2 = -sin2, -sin1  # also trade places; for an angle this is the inverse rotation, sin -> -sin
 
     _rotate_heads(q_ptr, qo_ptr, q_sb, q_ss, q_sh, qo_sb, qo_ss, qo_sh, b, s, n_qheads, cos1, sin1, cos2, sin2,
-                  off1, off2, half_mask, 2 * HALF, REST, BLOCK_REST, BLOCK_HQ, LOW_PRECISION, COPY_REST,
-                  INTERPRETING)
+                  off1, off2, half_mask, 2 * HALF, REST, BLOCK_HALF, BLOCK_REST, BLOCK_HQ, INTERLEAVED, LOW_PRECISION,
+                  COPY_REST, INTERPRETING)
     if HAS_K:
         _rotate_heads(k_ptr, ko_ptr, k_sb, k_ss, k_sh, ko_sb, ko_ss, ko_sh, b, s, n_kheads, cos1, sin1, cos2, sin2,
-                      off1, off2, half_mask, 2 * HALF, REST, BLOCK_REST, BLOCK_HK, LOW_PRECISION, COPY_REST,
-                      INTERPRETING)
+                      off1, off2, half_mask, 2 * HALF, REST, BLOCK_HALF, BLOCK_REST, BLOCK_HK, INTERLEAVED,
+                      LOW_PRECISION, COPY_REST, INTERPRETING)
 
 
 def _strides(x, n):

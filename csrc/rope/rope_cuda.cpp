@@ -11,8 +11,6 @@ namespace ropewkv::rope {
 namespace {
 
 void launch_cuda(const Params& p, at::ScalarType dtype, Precision precision) {
-  TORCH_CHECK_VALUE(p.rot_half <= cuda::kMaxRotHalf, "rotary_dim must be <= ", 2 * cuda::kMaxRotHalf,
-                    " on CUDA, got ", 2 * p.rot_half);
   C10_CUDA_CHECK(cuda::rope_forward(dtype_tag(dtype, "q"), p, precision, c10::cuda::getCurrentCUDAStream()));
 }
 

@@ -4,6 +4,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <array>
+#include <cstdint>
 #include <type_traits>
 
 #include "ropewkv/wkv7_cuda.h"
@@ -25,6 +27,30 @@ cudaError_t by_head_size(int64_t n, F&& f) {
     default:  // 256 runs on the triton and cpu twins (ops/rwkv7/api.py routes it there)
       TORCH_CHECK_VALUE(false, "head size ", n, " is not supported by the CUDA twin (32, 64, 128)");
   }
+}
+
+// Calls f(std::integral_constant<wkv7::DecayStorage, W>{}) for the storage of w beside r (wkv7::decay_storage_of).
+template <typename F>
+cudaError_t by_decay_storage(const at::Tensor& r, const at::Tensor& w, F&& f) {
+  using wkv7::DecayStorage;
+  DecayStorage storage;
+  TORCH_CHECK_TYPE(wkv7::decay_storage_of(dtype_tag(r, "r"), dtype_tag(w, "w"), storage), "w must have r's dtype (",
+                   r.scalar_type(), ") or float32 on the CUDA twin, got ", w.scalar_type());
+  if (storage == DecayStorage::kIO) return f(std::integral_constant<DecayStorage, DecayStorage::kIO>{});
+  return f(std::integral_constant<DecayStorage, DecayStorage::kFloat32>{});
+}
+
+// by_head_size, then by_decay_storage: f(N, W) for the kernel instantiation that reads these inputs.
+template <typename F>
+cudaError_t by_instantiation(const wkv7::Inputs& in, F&& f) {
+  return by_head_size(in.head_size, [&](auto n) {
+    return by_decay_storage(in.r, in.w, [&](auto storage) { return f(n, storage); });
+  });
+}
+
+// t if its data is aligned to `bytes`, else an aligned copy (a fresh allocation is).
+at::Tensor aligned(const at::Tensor& t, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % bytes == 0 ? t : t.clone();
 }
 
 template <typename T>
@@ -58,9 +84,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv7_forward_cuda(
                                        y.data_ptr(),
                                        final_state.data_ptr<float>(),
                                        save_checkpoints ? ckpt.data_ptr<float>() : nullptr};
-  C10_CUDA_CHECK(by_head_size(in.head_size, [&](auto n) {
-    return cuda::wkv7_forward<decltype(n)::value>(dtype, precision_from(precision), params,
-                                                  c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_CHECK(by_instantiation(in, [&](auto n, auto storage) {
+    constexpr int kN = decltype(n)::value;
+    constexpr wkv7::DecayStorage kW = decltype(storage)::value;
+    return cuda::wkv7_forward<kN, kW>(dtype, precision_from(precision), params, c10::cuda::getCurrentCUDAStream());
   }));
   return {y, final_state, ckpt};
 }
@@ -83,7 +110,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor scratch =
       at::empty({cuda::wkv7_backward_scratch_elems(in.n_seqs, in.heads, in.head_size)}, ckpt.options());
   std::array<at::Tensor, 6> grads;
-  for (auto& g : grads) g = new_output_like(in.r);
+  for (int i = 0; i < 6; ++i) grads[i] = new_output_like(i == 1 ? in.w : in.r);  // grad_w in w's dtype
   at::Tensor grad_s0 = wkv7::new_state(in, in.n_seqs);
   const cuda::Wkv7BackwardParams params{sizes_of(in, decay),
                                         in.r.const_data_ptr(),
@@ -104,9 +131,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                                         grads[4].data_ptr(),
                                         grads[5].data_ptr(),
                                         grad_s0.data_ptr<float>()};
-  C10_CUDA_CHECK(by_head_size(in.head_size, [&](auto n) {
-    return cuda::wkv7_backward<decltype(n)::value>(dtype, precision_from(precision), params,
-                                                   c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_CHECK(by_instantiation(in, [&](auto n, auto storage) {
+    constexpr int kN = decltype(n)::value;
+    constexpr wkv7::DecayStorage kW = decltype(storage)::value;
+    return cuda::wkv7_backward<kN, kW>(dtype, precision_from(precision), params, c10::cuda::getCurrentCUDAStream());
   }));
   return {grads[0], grads[1], grads[2], grads[3], grads[4], grads[5], grad_s0};
 }
@@ -120,21 +148,28 @@ at::Tensor wkv7_step_cuda(const at::Tensor& r, const at::Tensor& w, const at::Te
   const DType dtype = dtype_tag(r, "r");
   (void)wkv7::decay_from(decay);
   at::Tensor y = new_output_like(in.r);
+  // The kernel moves 4 values per access: r..b aligned to 4 elements, the state to 16 bytes (else aligned copies).
+  std::array<at::Tensor, 6> vecs;
+  const at::Tensor* given[] = {&in.r, &in.w, &in.k, &in.v, &in.a, &in.b};
+  for (int i = 0; i < 6; ++i) vecs[i] = aligned(*given[i], 4 * given[i]->element_size());
+  at::Tensor work = aligned(state, 16);
   const cuda::Wkv7StepParams params{in.batch,
                                     in.heads,
                                     int(decay),
-                                    in.r.const_data_ptr(),
-                                    in.w.const_data_ptr(),
-                                    in.k.const_data_ptr(),
-                                    in.v.const_data_ptr(),
-                                    in.a.const_data_ptr(),
-                                    in.b.const_data_ptr(),
-                                    state.data_ptr<float>(),
+                                    vecs[0].const_data_ptr(),
+                                    vecs[1].const_data_ptr(),
+                                    vecs[2].const_data_ptr(),
+                                    vecs[3].const_data_ptr(),
+                                    vecs[4].const_data_ptr(),
+                                    vecs[5].const_data_ptr(),
+                                    work.data_ptr<float>(),
                                     y.data_ptr()};
-  C10_CUDA_CHECK(by_head_size(in.head_size, [&](auto size) {
-    return cuda::wkv7_step<decltype(size)::value>(dtype, precision_from(precision), params,
-                                                  c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_CHECK(by_instantiation(in, [&](auto n, auto storage) {
+    constexpr int kN = decltype(n)::value;
+    constexpr wkv7::DecayStorage kW = decltype(storage)::value;
+    return cuda::wkv7_step<kN, kW>(dtype, precision_from(precision), params, c10::cuda::getCurrentCUDAStream());
   }));
+  if (!work.is_same(state)) state.copy_(work);
   return y;
 }
 

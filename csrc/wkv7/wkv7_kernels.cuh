@@ -1,9 +1,12 @@
 #pragma once
 // CUDA kernels of the WKV7 ops, RWKV-LM style: one block per (sequence, head), N threads, thread i owns row i of
 // the state in registers. Torch-free; included by one small .cu per head size so that builds parallelise.
+#include <type_traits>
+
 #include "ropewkv/cuda_common.cuh"
 #include "ropewkv/wkv7.h"
 #include "ropewkv/wkv7_cuda.h"
+#include "ropewkv/wkv7_step_lanes.h"
 
 namespace ropewkv::cuda {
 namespace wkv7_detail {
@@ -40,32 +43,77 @@ __device__ __forceinline__ void load_initial_row(const float* initial_state, con
   for (int j = 0; j < N; ++j) row[j] = initial_state ? initial_state[(t.task * N + i) * int64_t(N) + j] : 0.f;
 }
 
+// w as the kernel sees it (read at its own storage type w_t: fp32 beside bf16 r..b keeps the decay's precision).
+template <Precision P, typename io_t, typename w_t>
+__device__ __forceinline__ float load_w(const w_t* w, int64_t idx) {
+  return wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]);
+}
+
 // Thread i stages element i of token `idx`'s r, decay, k, a and b in shared memory for the whole block.
-template <Precision P, typename io_t>
-__device__ __forceinline__ void stage_token(int64_t idx, int i, Decay decay, const io_t* r, const io_t* w,
+template <Precision P, typename io_t, typename w_t>
+__device__ __forceinline__ void stage_token(int64_t idx, int i, Decay decay, const io_t* r, const w_t* w,
                                             const io_t* k, const io_t* a, const io_t* b, float* r_, float* d_,
                                             float* k_, float* a_, float* b_) {
   __syncthreads();  // the previous token's readers are done
   r_[i] = wkv7::load<P>(r[idx]);
-  d_[i] = wkv7::decay_of(wkv7::load<P>(w[idx]), decay);
+  d_[i] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
   k_[i] = wkv7::load<P>(k[idx]);
   a_[i] = wkv7::load<P>(a[idx]);
   b_[i] = wkv7::load<P>(b[idx]);
   __syncthreads();
 }
 
-template <int N, typename io_t, Precision P>
+// wkv7::step_row with its two N-term sums (sa_i = a . S_i and y_i = r . S_i) split into kParts independent FMA
+// chains of N / kParts, added pairwise at the end: one thread's consecutive FMAs then do not wait on each other
+// (a chain of N dependent FMAs is 4N cycles). Returns y_i; sa_i through `sa`.
+template <int N>
+__device__ __forceinline__ float step_row_split(float* row, const float* r, const float* d, const float* k,
+                                                const float* a, const float* b, float v_i, float& sa) {
+  constexpr int kParts = 4;
+  static_assert(N % kParts == 0);
+  float part[kParts] = {};
+#pragma unroll
+  for (int j = 0; j < N; ++j) part[j % kParts] = fmaf(a[j], row[j], part[j % kParts]);
+  sa = (part[0] + part[1]) + (part[2] + part[3]);
+  float out[kParts] = {};
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    row[j] = fmaf(v_i, k[j], fmaf(sa, b[j], row[j] * d[j]));
+    out[j % kParts] = fmaf(row[j], r[j], out[j % kParts]);
+  }
+  return (out[0] + out[1]) + (out[2] + out[3]);
+}
+
+// Element i of one token's inputs, widened (w through the decay mode, not yet turned into a decay).
+struct TokenInputs {
+  float r, w, k, v, a, b;
+};
+
+template <Precision P, typename io_t, typename w_t>
+__device__ __forceinline__ TokenInputs load_token(int64_t idx, const io_t* r, const w_t* w, const io_t* k,
+                                                  const io_t* v, const io_t* a, const io_t* b) {
+  return {wkv7::load<P>(r[idx]), load_w<P, io_t>(w, idx), wkv7::load<P>(k[idx]),
+          wkv7::load<P>(v[idx]), wkv7::load<P>(a[idx]), wkv7::load<P>(b[idx])};
+}
+
+// The forward: thread i owns row i of S. Token q's inputs are loaded while token q-1 is computed (their DRAM latency
+// leaves the per-token chain), staged into one of two shared buffers (one barrier per token), and the row sums run
+// as independent partial chains (step_row_split).
+template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
   const Task t = task_of(p.size);
   const Decay decay = static_cast<Decay>(p.size.decay);
   const int i = threadIdx.x;
-  const io_t *r = static_cast<const io_t*>(p.r), *w = static_cast<const io_t*>(p.w);
+  const io_t* r = static_cast<const io_t*>(p.r);
+  const w_t* w = static_cast<const w_t*>(p.w);
   const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
   io_t* y = static_cast<io_t*>(p.y);
-  __shared__ float r_[N], d_[N], k_[N], a_[N], b_[N];
+  __shared__ float r_[2][N], d_[2][N], k_[2][N], a_[2][N], b_[2][N];
   float row[N];
   load_initial_row<N>(p.initial_state, t, i, row);
+  TokenInputs next{};
+  if (t.start < t.end) next = load_token<P>(token_index(p.size, t, t.start, N) + i, r, w, k, v, a, b);
   for (int64_t q = t.start; q < t.end; ++q) {
     if (p.checkpoints != nullptr && q % kCheckpointEvery == 0) {
       float* slot = checkpoint_slot<N>(p.checkpoints, p.size, t, q);
@@ -73,9 +121,17 @@ __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
       for (int j = 0; j < N; ++j) slot[j * N + i] = row[j];  // transposed: coalesced
     }
     const int64_t idx = token_index(p.size, t, q, N) + i;
-    stage_token<P>(idx, i, decay, r, w, k, a, b, r_, d_, k_, a_, b_);
+    const int buf = int(q - t.start) & 1;
+    r_[buf][i] = next.r;
+    d_[buf][i] = wkv7::decay_of(next.w, decay);
+    k_[buf][i] = next.k;
+    a_[buf][i] = next.a;
+    b_[buf][i] = next.b;
+    const float v_i = next.v;
+    __syncthreads();  // token q is staged, and every thread is past token q - 2, this buffer's last reader
+    if (q + 1 < t.end) next = load_token<P>(idx + p.size.heads * N, r, w, k, v, a, b);
     float sa;
-    const float yi = wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa);
+    const float yi = step_row_split<N>(row, r_[buf], d_[buf], k_[buf], a_[buf], b_[buf], v_i, sa);
     y[idx] = wkv7::store<io_t, P>(yi);
   }
 #pragma unroll
@@ -86,17 +142,19 @@ __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
 // row layout into the block's scratch (stored transposed, so thread i later reads column i of S contiguously), then
 // run the adjoint steps. Thread i keeps row i of G (for dv, dsa) and column i of G (for dk, db, dd), as RWKV-LM does,
 // so that every sum is a per-thread loop.
-template <int N, typename io_t, Precision P>
+template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p) {
   const Task t = task_of(p.size);
   const Decay decay = static_cast<Decay>(p.size.decay);
   const int i = threadIdx.x;
   constexpr int64_t kNN = int64_t(N) * N;
-  const io_t *r = static_cast<const io_t*>(p.r), *w = static_cast<const io_t*>(p.w);
+  const io_t* r = static_cast<const io_t*>(p.r);
+  const w_t* w = static_cast<const w_t*>(p.w);
   const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
   const io_t* gy = static_cast<const io_t*>(p.grad_y);
-  io_t *gr = static_cast<io_t*>(p.grad_r), *gw = static_cast<io_t*>(p.grad_w);
+  io_t* gr = static_cast<io_t*>(p.grad_r);
+  w_t* gw = static_cast<w_t*>(p.grad_w);
   io_t *gk = static_cast<io_t*>(p.grad_k), *gv = static_cast<io_t*>(p.grad_v);
   io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
   __shared__ float r_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
@@ -135,7 +193,7 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
     }
     for (int l = len - 1; l >= 0; --l) {
       const int64_t idx = token_index(p.size, t, q + l, N) + i;
-      const float w_i = wkv7::load<P>(w[idx]);
+      const float w_i = load_w<P, io_t>(w, idx);
       const float d_i = wkv7::decay_of(w_i, decay);
       __syncthreads();  // the recompute's (or the previous step's) readers are done; its writes are visible
       r_[i] = wkv7::load<P>(r[idx]);
@@ -161,7 +219,7 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
       wkv7::adjoint_row_propagate(g_row, N, d_, dsa_i, a_);
       wkv7::adjoint_col_propagate(g_col, N, d_i, dsa_, a_[i]);
       gr[idx] = wkv7::store<io_t, P>(dr_i);
-      gw[idx] = wkv7::store<io_t, P>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
+      gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
       gk[idx] = wkv7::store<io_t, P>(dk_i);
       gv[idx] = wkv7::store<io_t, P>(dv_i);
       ga[idx] = wkv7::store<io_t, P>(da_i);
@@ -173,58 +231,104 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
   for (int j = 0; j < N; ++j) p.grad_initial_state[t.task * kNN + int64_t(i) * N + j] = g_row[j];
 }
 
-// The decode step: one token, the state read and written in place (thread i: row i).
-template <int N, typename io_t, Precision P>
-__global__ void __launch_bounds__(N) step_kernel(const Wkv7StepParams p) {
+// 4 consecutive I/O values (one 16-, 8- or 16-byte load for fp32, fp16/bf16), widened; p aligned to 4 values.
+template <Precision P, typename T>
+__device__ __forceinline__ void load4(const T* p, float* out) {
+  struct alignas(4 * sizeof(T)) Pack {
+    T x[4];
+  };
+  const Pack pack = *reinterpret_cast<const Pack*>(p);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) out[q] = wkv7::load<P>(pack.x[q]);
+}
+
+// The sum of x over the row's L lanes, left in each of them (wkv7::butterfly_sum is its host replay).
+template <int L>
+__device__ __forceinline__ float lane_sum(float x) {
+#pragma unroll
+  for (int m = L / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+// The decode step: one token, the state read and written in place with the lane map of wkv7::StepLanes (16-byte,
+// lane-contiguous accesses; each thread loads its 8 float4 before any math, so that they are all in flight).
+template <int N, typename io_t, typename w_t, Precision P>
+__global__ void __launch_bounds__(wkv7::StepLanes<N>::kThreads) step_kernel(const Wkv7StepParams p) {
+  using Lanes = wkv7::StepLanes<N>;
+  constexpr int L = Lanes::kLanesPerRow;
   const int64_t task = blockIdx.x;  // b * heads + h
   const Decay decay = static_cast<Decay>(p.decay);
-  const int i = threadIdx.x;
-  const int64_t idx = task * N + i;
-  __shared__ float r_[N], d_[N], k_[N], a_[N], b_[N];
-  r_[i] = wkv7::load<P>(static_cast<const io_t*>(p.r)[idx]);
-  d_[i] = wkv7::decay_of(wkv7::load<P>(static_cast<const io_t*>(p.w)[idx]), decay);
-  k_[i] = wkv7::load<P>(static_cast<const io_t*>(p.k)[idx]);
-  a_[i] = wkv7::load<P>(static_cast<const io_t*>(p.a)[idx]);
-  b_[i] = wkv7::load<P>(static_cast<const io_t*>(p.b)[idx]);
-  float* state = p.state + (task * N + i) * int64_t(N);
-  float row[N];
+  const int t = threadIdx.x;
+  const int64_t vec = task * N + Lanes::col(t);
+  float r4[4], d4[4], k4[4], a4[4], b4[4];
+  load4<P>(static_cast<const io_t*>(p.r) + vec, r4);
+  load4<wkv7::kDecayMode<P, io_t>>(static_cast<const w_t*>(p.w) + vec, d4);
+  load4<P>(static_cast<const io_t*>(p.k) + vec, k4);
+  load4<P>(static_cast<const io_t*>(p.a) + vec, a4);
+  load4<P>(static_cast<const io_t*>(p.b) + vec, b4);
 #pragma unroll
-  for (int j = 0; j < N; ++j) row[j] = state[j];
-  __syncthreads();
-  float sa;
-  const float yi = wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(static_cast<const io_t*>(p.v)[idx]), sa);
+  for (int q = 0; q < 4; ++q) d4[q] = wkv7::decay_of(d4[q], decay);
+  float4* state = reinterpret_cast<float4*>(p.state + task * N * N);
+  float4 seg[Lanes::kPasses];
 #pragma unroll
-  for (int j = 0; j < N; ++j) state[j] = row[j];
-  static_cast<io_t*>(p.y)[idx] = wkv7::store<io_t, P>(yi);
+  for (int pass = 0; pass < Lanes::kPasses; ++pass) seg[pass] = state[Lanes::offset(t, pass) / 4];
+  const io_t* v = static_cast<const io_t*>(p.v) + task * N;
+  io_t* y = static_cast<io_t*>(p.y) + task * N;
+#pragma unroll
+  for (int pass = 0; pass < Lanes::kPasses; ++pass) {
+    const int i = Lanes::row(t, pass);
+    float s[4] = {seg[pass].x, seg[pass].y, seg[pass].z, seg[pass].w};
+    const float sa = lane_sum<L>(wkv7::lane_dot4(a4, s));
+    wkv7::lane_update4(s, d4, sa, b4, wkv7::load<P>(v[i]), k4);
+    const float yi = lane_sum<L>(wkv7::lane_dot4(r4, s));
+    state[Lanes::offset(t, pass) / 4] = make_float4(s[0], s[1], s[2], s[3]);
+    if (t % L == 0) y[i] = wkv7::store<io_t, P>(yi);
+  }
 }
 
 }  // namespace wkv7_detail
 
-// One launcher per kernel: dtype x precision dispatch over a 1-D grid of (sequence or batch) x heads blocks.
-#define ROPEWKV_WKV7_LAUNCHER(NAME, KERNEL, PARAMS, BLOCKS)                                                     \
-  template <int N>                                                                                           \
+// Calls launch(io_t{}, w_t{}) for the storage types of r..b (named by `dtype`) and of w (named by W), then returns
+// the launch status. fp32 I/O has no separate fp32-w instantiation (that pair is DecayStorage::kIO).
+template <DecayStorage W, typename F>
+cudaError_t dispatch_io_w(DType dtype, F&& launch) {
+  if constexpr (W == DecayStorage::kIO) {
+    return dispatch_io(dtype, [&](auto tag) { launch(tag, tag); });
+  } else {
+    if (dtype == DType::kFloat32) return cudaErrorInvalidValue;
+    return dispatch_io(dtype, [&](auto tag) {
+      if constexpr (!std::is_same_v<decltype(tag), float>) launch(tag, float{});
+    });
+  }
+}
+
+// One launcher per kernel: dtype x w storage x precision dispatch over a 1-D grid of (sequence or batch) x heads
+// blocks of THREADS threads.
+#define ROPEWKV_WKV7_LAUNCHER(NAME, KERNEL, PARAMS, BLOCKS, THREADS)                                                   \
+  template <int N, DecayStorage W>                                                                           \
   cudaError_t NAME(DType dtype, Precision precision, const PARAMS& p, cudaStream_t stream) {                 \
     const int64_t blocks = (BLOCKS);                                                                         \
     if (blocks == 0) return cudaSuccess;                                                                     \
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;                                           \
-    return dispatch_io(dtype, [&](auto tag) {                                                                \
-      using io_t = decltype(tag);                                                                            \
+    return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {                                            \
+      using io_t = decltype(io_tag);                                                                         \
+      using w_t = decltype(w_tag);                                                                           \
       if (precision == Precision::kBF16) {                                                                   \
-        wkv7_detail::KERNEL<N, io_t, Precision::kBF16><<<unsigned(blocks), N, 0, stream>>>(p);               \
+        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kBF16><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
       } else {                                                                                               \
-        wkv7_detail::KERNEL<N, io_t, Precision::kFP32><<<unsigned(blocks), N, 0, stream>>>(p);               \
+        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kFP32><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
       }                                                                                                      \
     });                                                                                                      \
   }
 
-ROPEWKV_WKV7_LAUNCHER(wkv7_forward, forward_kernel, Wkv7ForwardParams, p.size.n_seqs* p.size.heads)
-ROPEWKV_WKV7_LAUNCHER(wkv7_backward, backward_kernel, Wkv7BackwardParams, p.size.n_seqs* p.size.heads)
-ROPEWKV_WKV7_LAUNCHER(wkv7_step, step_kernel, Wkv7StepParams, p.batch* p.heads)
+ROPEWKV_WKV7_LAUNCHER(wkv7_forward, forward_kernel, Wkv7ForwardParams, p.size.n_seqs* p.size.heads, N)
+ROPEWKV_WKV7_LAUNCHER(wkv7_backward, backward_kernel, Wkv7BackwardParams, p.size.n_seqs* p.size.heads, N)
+ROPEWKV_WKV7_LAUNCHER(wkv7_step, step_kernel, Wkv7StepParams, p.batch* p.heads, wkv7::StepLanes<N>::kThreads)
 #undef ROPEWKV_WKV7_LAUNCHER
 
-#define ROPEWKV_WKV7_INSTANTIATE(N)                                                                             \
-  template cudaError_t wkv7_forward<N>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);            \
-  template cudaError_t wkv7_backward<N>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);          \
-  template cudaError_t wkv7_step<N>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
+#define ROPEWKV_WKV7_INSTANTIATE(N, W)                                                                          \
+  template cudaError_t wkv7_forward<N, W>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);         \
+  template cudaError_t wkv7_backward<N, W>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);       \
+  template cudaError_t wkv7_step<N, W>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
 
 }  // namespace ropewkv::cuda

@@ -1,6 +1,6 @@
-// WKV7 CUDA kernels for head size 32 (one file per head size, so that builds parallelise).
+// WKV7 CUDA kernels for head size 32, w at r..b's type (one file per head size and w storage: builds parallelise).
 #include "wkv7_kernels.cuh"
 
 namespace ropewkv::cuda {
-ROPEWKV_WKV7_INSTANTIATE(32)
+ROPEWKV_WKV7_INSTANTIATE(32, DecayStorage::kIO)
 }  // namespace ropewkv::cuda

@@ -57,15 +57,19 @@ class Workload:
     cuda_dynamic_shared: int = 0
     triton: tuple = ()      # kernels.TRITON entries predicted here
     tokens: int = 0         # > 0: a sequential recurrence over this many tokens per block
+    cuda_blocks: int = 0    # CUDA blocks where its grid differs from Triton's (0: blocks)
 
 
 def _rope() -> Workload:
     b, s, hq, hk, d = 8, 4096, 32, 8, 128
     elements = b * s * (hq + hk) * d
+    # CUDA (NeoX; GPT-J has twice the units, each half the bytes): a thread per (token, unit) walking all 40 heads
+    # (ropewkv/rope.h's thread map: 8 units of 2 x 8 dims at D 128 bf16; one head group at this many tokens).
+    units = (d // 2) // 8
     return Workload(f"RoPE fwd B{b} S{s} Hq{hq} Hk{hk} D{d} bf16 (bwd: the same kernel, conjugate)", "element",
                     elements, 2 * elements, 2 * elements, b * s,
-                    cuda=("rope_kernel<bf16_t, kFP32>",), cuda_threads=128, cuda_dynamic_shared=4 * (d // 2) * 4,
-                    triton=("rope neox bf16", "rope gptj bf16"))
+                    cuda=("rope_kernel<bf16_t, kFP32, true, false>",),
+                    cuda_threads=128, cuda_blocks=b * s * units // 128, triton=("rope neox bf16", "rope gptj bf16"))
 
 
 def _wkv7(backward: bool, heads: int, n: int) -> Workload:
@@ -79,7 +83,7 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
         read, written = 6 * tensor, tensor + checkpoints + state
     direction = "bwd" if backward else "fwd"
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
-                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, kFP32>",),
+                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
                     cuda_threads=n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t)
 
 
@@ -88,8 +92,8 @@ def _decode() -> Workload:
     state = b * heads * n * n * 4
     vectors = b * heads * n * 2
     return Workload(f"WKV7 decode step B{b} H{heads} N{n} bf16 (state fp32, in place)", "token-head", b * heads,
-                    state + 6 * vectors, state + vectors, b * heads, cuda=("step_kernel<64, bf16_t, kFP32>",),
-                    cuda_threads=n, triton=("wkv7 decode N64 bf16",))
+                    state + 6 * vectors, state + vectors, b * heads, cuda=("step_kernel<64, bf16_t, bf16_t, kFP32>",),
+                    cuda_threads=n * n // 32, triton=("wkv7 decode N64 bf16",))
 
 
 WORKLOADS = [_rope(), _wkv7(False, 64, 64), _wkv7(True, 64, 64), _wkv7(False, 32, 128), _wkv7(True, 32, 128),
@@ -142,6 +146,7 @@ def blocks_per_sm(registers: int, threads: int, shared: int) -> int:
 
 def predict(kernel, workload: Workload) -> Prediction:
     threads = kernel.threads or workload.cuda_threads
+    blocks = workload.cuda_blocks if kernel.twin == "cuda" and workload.cuda_blocks else workload.blocks
     shared = kernel.shared + (workload.cuda_dynamic_shared if kernel.twin == "cuda" else 0)
     resident = blocks_per_sm(kernel.registers, threads, shared)
     if resident == 0:
@@ -149,24 +154,24 @@ def predict(kernel, workload: Workload) -> Prediction:
                          "of shared memory does not fit an SM")
     # The warps per scheduler in each wave of the grid.
     waves = []
-    for first in range(0, workload.blocks, SMS * resident):
-        in_flight = min(SMS * resident, workload.blocks - first)
+    for first in range(0, blocks, SMS * resident):
+        in_flight = min(SMS * resident, blocks - first)
         waves.append(math.ceil(math.ceil(in_flight / SMS) * math.ceil(threads / 32) / SCHEDULERS))
     if workload.tokens:
         per_token = sum((loop.lean for loop in kernel.loops), start=Path())
-        thread_instructions = per_token.instructions * workload.tokens * workload.blocks * threads
-        stored = per_token.stored_unmasked * workload.tokens * workload.blocks * threads
+        thread_instructions = per_token.instructions * workload.tokens * blocks * threads
+        stored = per_token.stored_unmasked * workload.tokens * blocks * threads
         scratch = max(0, stored - workload.written)
         low = sum(max(w, 1) * per_token.instructions for w in waves)
         high = sum(max(w, FMA_LATENCY) * per_token.instructions + DRAM_LATENCY for w in waves)
         chain = (workload.tokens * low / CLOCK_HZ, workload.tokens * high / CLOCK_HZ)
     else:
         per_token, chain, scratch = None, None, 0
-        share = workload.written / (workload.blocks * threads)  # output bytes one thread stores
+        share = workload.written / (blocks * threads)  # output bytes one thread stores
         hot = kernel.hot_loop
         more = max(0.0, share - kernel.work.stored) / hot.work.stored if hot else 0.0
         thread_instructions = (kernel.work.instructions + more * (hot.work.instructions if hot else 0)) \
-            * workload.blocks * threads
+            * blocks * threads
     floor = workload.read + workload.written
     memory = (floor + 2 * scratch) / COPY_BYTES_PER_S
     issue = thread_instructions / 32 / (SMS * SCHEDULERS * CLOCK_HZ)

@@ -8,23 +8,22 @@ from . import model
 from .kernels import SPILL_ALLOWED, TRITON, Kernel
 from .sass import GLOBAL_LOADS, GLOBAL_STORES, Path
 
-# RoPE kernels whose hot loop does not move 16-byte vectors yet: the CUDA kernel loads and stores 2-byte scalars per
-# element, the Triton GPT-J (interleaved) path too. ropefast (issue 12, deliverable 2) rewrites both: empty this
-# list when it merges. The check fails on a listed kernel that has become 16-byte, so the list cannot go stale.
-NOT_YET_16_BYTE = {
-    "csrc/rope/rope_bf16.cu: rope_kernel<bf16_t, kFP32>",
-    "csrc/rope/rope_bf16.cu: rope_kernel<bf16_t, kBF16>",
-    "csrc/rope/rope_fp16.cu: rope_kernel<fp16_t, kFP32>",
-    "csrc/rope/rope_fp16.cu: rope_kernel<fp16_t, kBF16>",
-    "csrc/rope/rope_fp32.cu: rope_kernel<float, kFP32>",
-    "csrc/rope/rope_fp32.cu: rope_kernel<float, kBF16>",
-    "rope gptj bf16",
-}
+# RoPE kernels whose hot loop does not move 16-byte vectors yet (none since ropefast, issue 12). The check fails on a
+# listed kernel that has become 16-byte, so the list cannot go stale.
+NOT_YET_16_BYTE: set[str] = set()
+
+
+def is_element_wise_fallback(kernel: Kernel) -> bool:
+    """A CUDA RoPE instantiation rope_kernel<io_t, P, VECTOR = false, ...>: the host launches it only where a 16-byte
+    access would be misaligned (ropewkv/rope.h: rope_vector_width), so it is narrow by design and not judged."""
+    if kernel.twin != "cuda" or not kernel.name.startswith("rope_kernel<"):
+        return False
+    return kernel.name[len("rope_kernel<"):-1].split(", ")[2] == "false"
 
 
 def is_rope(kernel: Kernel) -> bool:
     if kernel.twin == "cuda":
-        return kernel.source.startswith("csrc/rope/")
+        return kernel.source.startswith("csrc/rope/") and not is_element_wise_fallback(kernel)
     return TRITON[kernel.name].sixteen_byte
 
 

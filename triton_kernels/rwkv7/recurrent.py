@@ -12,8 +12,8 @@ Precision: the state, the decay, sa and every sum are fp32 always (the decay can
 cannot tell d from 1). LOW_PRECISION (the RWKV-LM bf16 mode) rounds the inputs to bf16 on load and y and the input
 gradients to bf16 on store, round-to-nearest-even (done with integer ops, so the interpreter rounds like a GPU).
 
-Sequences: without cu_seqlens, program n covers tokens [n*T, (n+1)*T) of the flattened [B*T] token axis; with it,
-[cu[n], cu[n+1]). Checkpoint slot of chunk c of sequence n = cu[n] // CHUNK + n + c: disjoint across sequences for
+Sequences: without cu_seqlens, sequence n covers tokens [n*T, (n+1)*T) of the flattened [B*T] token axis; with it,
+[cu[n], cu[n+1]) (clamped into [0, T], as the CUDA twin does). Checkpoint slot of chunk c of sequence n = cu[n] // CHUNK + n + c: disjoint across sequences for
 any lengths, so the buffer needs (B*T) // CHUNK + n_seqs slots and no host sync.
 """
 import triton
@@ -73,18 +73,27 @@ def _decay(w, DECAY: tl.constexpr):
 
 
 @triton.jit
-def _program(cu_ptr, T, N: tl.constexpr, VARLEN: tl.constexpr):
-    """This program's sequence n, head h, token range [bos, eos), the index vector and the N x N block offsets."""
-    n = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
+def _program(cu_ptr, T, H, N: tl.constexpr, VARLEN: tl.constexpr):
+    """This program's sequence n, head h, token range [bos, eos), the index vector and the N x N block offsets.
+    (sequence, head) is grid axis 0 (axis 1 holds at most 65,535 programs). cu_seqlens values are clamped as the CUDA
+    twin does (into [0, T], eos >= bos): malformed offsets, which Python cannot check under torch.compile without a
+    host sync, then give wrong sequences but never an out-of-bounds address."""
+    program = tl.program_id(0).to(tl.int64)
+    n = program // H
+    h = program % H
     if VARLEN:
-        bos = tl.load(cu_ptr + n).to(tl.int64)
-        eos = tl.load(cu_ptr + n + 1).to(tl.int64)
+        bos = tl.minimum(tl.maximum(tl.load(cu_ptr + n).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_ptr + n + 1).to(tl.int64), bos), T)
     else:
         bos = n * T
         eos = bos + T
     offs = tl.arange(0, N).to(tl.int64)
     return n, h, bos, eos, offs, offs[:, None] * N + offs[None, :]
+
+
+def launch_grid(n_seqs: int, heads: int) -> tuple:
+    """One program per (sequence, head), all on grid axis 0 (up to 2^31 - 1 programs)."""
+    return (n_seqs * heads,)
 
 
 @triton.jit
@@ -110,7 +119,7 @@ def _token(S, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr, LOW_P
 def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                      N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                      HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    n, h, bos, eos, offs, mat = _program(cu_ptr, T, N, VARLEN)
+    n, h, bos, eos, offs, mat = _program(cu_ptr, T, H, N, VARLEN)
     state_at = (n * H + h) * N * N + mat
     S = _load_state(s0_ptr, state_at, HAS_S0, N)
     slot0 = bos // CHUNK + n
@@ -131,7 +140,7 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
                      dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
                      N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                      HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
-    n, h, bos, eos, offs, mat = _program(cu_ptr, T, N, VARLEN)
+    n, h, bos, eos, offs, mat = _program(cu_ptr, T, H, N, VARLEN)
     state_at = (n * H + h) * N * N + mat
     # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
     dS = _load_state(gsT_ptr, state_at, HAS_GST, N)
@@ -179,7 +188,7 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
     n_seqs = final_state.shape[0]
     if n_seqs * heads == 0:
         return
-    _wkv7_fwd_kernel[(n_seqs, heads)](
+    _wkv7_fwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
         y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
         N=n, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, HAS_S0=initial_state is not None,
@@ -195,7 +204,7 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     if n_seqs * heads == 0:
         return
     scratch = r.new_empty((n_seqs, heads, CHUNK, n, n), dtype=checkpoints.dtype)
-    _wkv7_bwd_kernel[(n_seqs, heads)](
+    _wkv7_bwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
         grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
         N=n, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, HAS_GST=grad_final is not None,

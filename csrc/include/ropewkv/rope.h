@@ -238,15 +238,130 @@ ROPEWKV_HD void table_entry(const Params& p, int64_t b, int64_t s, int64_t pos, 
   finish_entry<acc_t>(p.conjugate, c_a, s_a, c_b, s_b, ca, sa, cb, sb);
 }
 
-// Rotate one pair in acc_t arithmetic (fp32, fp64, or rounded to the I/O type after each operation).
+// Rotate one pair of stored values in acc_t arithmetic (fp32, fp64, or rounded to the I/O type after each operation).
 template <typename acc_t, typename io_t, typename tab_t>
-ROPEWKV_HD void rotate_pair(const io_t* x, io_t* out, int64_t a, int64_t b, tab_t ca, tab_t sa, tab_t cb, tab_t sb) {
-  const acc_t xa = acc_t(widen(x[a]));
-  const acc_t xb = acc_t(widen(x[b]));
+ROPEWKV_HD void rotate_values(io_t x_a, io_t x_b, tab_t ca, tab_t sa, tab_t cb, tab_t sb, io_t* out_a, io_t* out_b) {
+  const acc_t xa = acc_t(widen(x_a));
+  const acc_t xb = acc_t(widen(x_b));
   const acc_t oa = xa * acc_t(ca) - xb * acc_t(sa);
   const acc_t ob = xb * acc_t(cb) + xa * acc_t(sb);
-  out[a] = narrow<io_t>(plain(oa));
-  out[b] = narrow<io_t>(plain(ob));
+  *out_a = narrow<io_t>(plain(oa));
+  *out_b = narrow<io_t>(plain(ob));
+}
+
+// rotate_values on dims a and b of one head.
+template <typename acc_t, typename io_t, typename tab_t>
+ROPEWKV_HD void rotate_pair(const io_t* x, io_t* out, int64_t a, int64_t b, tab_t ca, tab_t sa, tab_t cb, tab_t sb) {
+  const io_t x_a = x[a], x_b = x[b];  // both read before either is written (in place)
+  rotate_values<acc_t>(x_a, x_b, ca, sa, cb, sb, &out[a], &out[b]);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// The CUDA kernel's thread map, here so that the host can test it (tests/test_rope_thread_map.py compiles this header
+// with g++ and checks that every element of q and k is written exactly once).
+//
+// A thread owns one (token, head group, unit) and walks the heads group, group + groups, ... of q, then of k. A unit
+// is a run of `width` consecutive dims, read and written with one access each on the vector path (width = 16 bytes
+// of elements, all pointers and strides 16-byte aligned: rope_vector_width) or element by element otherwise:
+//  - NeoX rotating unit u < rot_units: dims [u w, u w + w) and their partners [u w + R/2, ...): w pairs, w frequencies.
+//  - GPT-J rotating unit u < rot_units: dims [u w, u w + w): w/2 adjacent pairs, w/2 frequencies.
+//  - copy unit u >= rot_units (out of place only): dims [R + (u - rot_units) copy_w, ... + copy_w), unchanged.
+// A thread computes the cos/sin of its unit's frequencies once per token and reuses them for all its heads; `groups`
+// (> 1 when there are few tokens: decode) spreads a token's heads over more threads.
+struct ThreadMap {
+  int64_t width = 1;       // elements per rotating access run (GPT-J: an even number)
+  int64_t copy_width = 1;  // elements per copying access run
+  int64_t rot_units = 0, copy_units = 0, units = 0;  // per (token, head group)
+  int64_t groups = 1;      // head groups per token
+  int64_t threads = 0;     // tokens * groups * units
+};
+
+// Threads the map aims for before it splits a token's heads into groups: about two waves of an H100 at the vector
+// kernel's occupancy (132 SMs x 4 blocks of 128 threads at <= 128 registers). More tokens than that keep one group,
+// so each (token, frequency) angle is computed once; fewer (decode, short prefill) recompute it once per group.
+inline constexpr int64_t kRopeTargetThreads = int64_t(1) << 17;
+
+// Elements per 16-byte access if every access of the vector path is 16-byte aligned (pointers, strides of dims longer
+// than 1, the rotary split and, when copying, head_dim), else 0: the element-wise path.
+inline int64_t rope_vector_width(const Params& p, int64_t element_bytes, bool copy_rest) {
+  const int64_t vec = 16 / element_bytes;
+  const int64_t rot_run = p.interleaved ? 2 * p.rot_half : p.rot_half;
+  if (rot_run % vec != 0 || (copy_rest && (p.head_dim - 2 * p.rot_half) % vec != 0)) return 0;
+  const auto aligned = [&](const void* ptr, const int64_t* stride, int64_t heads) {
+    const int64_t sizes[3] = {p.batch, p.seqlen, heads};
+    bool ok = reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+    for (int i = 0; i < 3; ++i) ok = ok && (sizes[i] <= 1 || stride[i] % vec == 0);
+    return ok;
+  };
+  bool ok = aligned(p.q, p.q_stride, p.hq) && aligned(p.q_out, p.qo_stride, p.hq);
+  if (p.k != nullptr) ok = ok && aligned(p.k, p.k_stride, p.hk) && aligned(p.k_out, p.ko_stride, p.hk);
+  return ok ? vec : 0;
+}
+
+// vec: rope_vector_width's answer (0: element-wise). copy_rest: dims past rotary_dim are copied (out of place).
+inline ThreadMap make_thread_map(const Params& p, int64_t vec, bool copy_rest,
+                                 int64_t target_threads = kRopeTargetThreads) {
+  ThreadMap m;
+  m.width = vec > 0 ? vec : (p.interleaved ? 2 : 1);
+  m.copy_width = vec > 0 ? vec : 1;
+  m.rot_units = (p.interleaved ? 2 * p.rot_half : p.rot_half) / m.width;
+  m.copy_units = copy_rest ? (p.head_dim - 2 * p.rot_half) / m.copy_width : 0;
+  m.units = m.rot_units + m.copy_units;
+  const int64_t tokens = p.batch * p.seqlen;
+  if (tokens == 0) return m;
+  const int64_t heads = p.hq > (p.k != nullptr ? p.hk : 0) ? p.hq : p.hk;
+  const int64_t per_token = m.units > 0 ? m.units : 1;
+  const int64_t wanted = (target_threads + tokens * per_token - 1) / (tokens * per_token);
+  m.groups = wanted < heads ? wanted : heads;
+  if (m.groups < 1) m.groups = 1;
+  m.threads = tokens * m.groups * m.units;
+  return m;
+}
+
+// n / d and n % d, in 32 bits when n fits (the common case: no 64-bit division routine).
+ROPEWKV_HD void divmod(int64_t n, int64_t d, int64_t* quotient, int64_t* remainder) {
+  if ((n | d) >> 31 == 0) {
+    const uint32_t q32 = uint32_t(n) / uint32_t(d);
+    *quotient = q32;
+    *remainder = n - int64_t(q32) * d;
+  } else {
+    *quotient = n / d;
+    *remainder = n - *quotient * d;
+  }
+}
+
+// How many of the heads group, group + groups, ... are below n.
+ROPEWKV_HD int64_t group_heads(int64_t n, int64_t group, int64_t groups) {
+  int64_t count = 0, rest;
+  if (group < n) divmod(n - group + groups - 1, groups, &count, &rest);
+  return count;
+}
+
+// What thread `thread` (< m.threads) owns.
+struct ThreadWork {
+  int64_t b, s;       // the token
+  int64_t group;      // its heads: group, group + m.groups, ...
+  int64_t unit;
+  bool rotates;       // unit < m.rot_units
+  int64_t first_dim;  // of its (first) run
+  int64_t first_freq; // rotating: the frequency of its first pair
+};
+
+ROPEWKV_HD ThreadWork thread_work(const Params& p, const ThreadMap& m, int64_t thread) {
+  ThreadWork w;
+  int64_t row, token;
+  divmod(thread, m.units, &row, &w.unit);
+  divmod(row, m.groups, &token, &w.group);
+  divmod(token, p.seqlen, &w.b, &w.s);
+  w.rotates = w.unit < m.rot_units;
+  if (w.rotates) {
+    w.first_dim = w.unit * m.width;
+    w.first_freq = p.interleaved ? w.first_dim / 2 : w.first_dim;
+  } else {
+    w.first_dim = 2 * p.rot_half + (w.unit - m.rot_units) * m.copy_width;
+    w.first_freq = 0;
+  }
+  return w;
 }
 
 }  // namespace ropewkv::rope

@@ -26,7 +26,4 @@ inline cudaError_t rope_forward(DType io_dtype, const rope::Params& p, Precision
   }
 }
 
-// Largest rot_half (= rotary_dim / 2) the kernels take: their per-token cos/sin table lives in 48 KiB of shared memory.
-inline constexpr int64_t kMaxRotHalf = 3072;
-
 }  // namespace ropewkv::cuda

@@ -34,6 +34,23 @@ enum class Decay : int { kLogLog = 0, kRaw = 1, kLog = 2 };
 // Tokens between state checkpoints (python/ropewkv/ops/rwkv7/recurrent.py sizes the checkpoint tensor with the same number).
 inline constexpr int kCheckpointEvery = 16;
 
+// How the CUDA twin stores w beside r..b: at their type, or fp32 beside fp16/bf16 r..b (autocast keeps the decay
+// input fp32). Each is its own kernel instantiation, since a kernel reads w at one compile-time type.
+enum class DecayStorage : int { kIO = 0, kFloat32 = 1 };
+
+// The storage of w for (r's dtype, w's dtype), or false for a pair no CUDA kernel reads (e.g. bf16 w beside fp16 r).
+inline bool decay_storage_of(DType io, DType w, DecayStorage& storage) {
+  if (w == io) {
+    storage = DecayStorage::kIO;
+    return true;
+  }
+  if (w == DType::kFloat32) {  // io is fp16 or bf16 here
+    storage = DecayStorage::kFloat32;
+    return true;
+  }
+  return false;
+}
+
 // An I/O value as the kernel sees it: widened, and in the bf16 mode rounded through bf16 first.
 template <Precision P, typename io_t>
 ROPEWKV_HD compute_t<io_t> load(io_t x) {

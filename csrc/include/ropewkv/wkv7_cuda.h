@@ -1,7 +1,7 @@
 #pragma once
-// Framework-free CUDA entry points of the WKV7 ops (kernels in csrc/wkv7/wkv7_kernels.cuh, one .cu per head size).
-// All tensors are contiguous; r..b and y are [B, T, H, N] in the I/O dtype, states are fp32 [n_seqs, H, N, N]
-// S[v][k], checkpoints fp32 [B, chunks, H, N, N] stored transposed (see csrc/wkv7/wkv7_glue.h).
+// Framework-free CUDA entry points of the WKV7 ops (kernels in csrc/wkv7/wkv7_kernels.cuh, one .cu per head size
+// and w storage). All tensors are contiguous; r..b and y are [B, T, H, N] in the I/O dtype (w and grad_w in w's: see
+// wkv7::DecayStorage), states are fp32 [n_seqs, H, N, N] S[v][k], checkpoints fp32 [B, chunks, H, N, N] stored transposed (see csrc/wkv7/wkv7_glue.h).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -10,6 +10,8 @@
 #include "ropewkv/wkv7.h"
 
 namespace ropewkv::cuda {
+
+using wkv7::DecayStorage;
 
 struct Wkv7Sizes {
   int64_t batch, seqlen, heads, n_seqs, chunks;
@@ -34,15 +36,15 @@ struct Wkv7BackwardParams {
   const float* grad_final_state;  // or nullptr (zero cotangent)
   const float* checkpoints;
   float* scratch;  // wkv7_backward_scratch_elems floats: the recomputed states of one chunk per (sequence, head)
-  void *grad_r, *grad_w, *grad_k, *grad_v, *grad_a, *grad_b;
+  void *grad_r, *grad_w, *grad_k, *grad_v, *grad_a, *grad_b;  // grad_w in w's dtype
   float* grad_initial_state;
 };
 
 struct Wkv7StepParams {
   int64_t batch, heads;
   int decay;
-  const void *r, *w, *k, *v, *a, *b;  // [B, H, N]
-  float* state;                       // [B, H, N, N], updated in place
+  const void *r, *w, *k, *v, *a, *b;  // [B, H, N], aligned to 4 elements
+  float* state;                       // [B, H, N, N], updated in place, aligned to 16 bytes
   void* y;
 };
 
@@ -51,21 +53,25 @@ inline int64_t wkv7_backward_scratch_elems(int64_t n_seqs, int64_t heads, int64_
 }
 
 // Each returns the launch status. Instantiated for N = 32, 64, 128 (a thread owns a state row: at 256 it would
-// hold 3 x 256 fp32 and spill, so that head size runs on the triton and cpu twins).
-template <int N>
+// hold 3 x 256 fp32 and spill, so that head size runs on the triton and cpu twins) and for each DecayStorage (one
+// .cu per pair, so that builds parallelise): kIO for fp32/fp16/bf16 I/O, kFloat32 for fp16/bf16 I/O.
+template <int N, wkv7::DecayStorage W>
 cudaError_t wkv7_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream);
-template <int N>
+template <int N, wkv7::DecayStorage W>
 cudaError_t wkv7_backward(DType dtype, Precision precision, const Wkv7BackwardParams& p, cudaStream_t stream);
-template <int N>
+template <int N, wkv7::DecayStorage W>
 cudaError_t wkv7_step(DType dtype, Precision precision, const Wkv7StepParams& p, cudaStream_t stream);
 
-#define ROPEWKV_WKV7_DECLARE(N)                                                                                  \
-  extern template cudaError_t wkv7_forward<N>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);       \
-  extern template cudaError_t wkv7_backward<N>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);     \
-  extern template cudaError_t wkv7_step<N>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
-ROPEWKV_WKV7_DECLARE(32)
-ROPEWKV_WKV7_DECLARE(64)
-ROPEWKV_WKV7_DECLARE(128)
+#define ROPEWKV_WKV7_DECLARE(N, W)                                                                              \
+  extern template cudaError_t wkv7_forward<N, W>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);    \
+  extern template cudaError_t wkv7_backward<N, W>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);  \
+  extern template cudaError_t wkv7_step<N, W>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
+ROPEWKV_WKV7_DECLARE(32, wkv7::DecayStorage::kIO)
+ROPEWKV_WKV7_DECLARE(64, wkv7::DecayStorage::kIO)
+ROPEWKV_WKV7_DECLARE(128, wkv7::DecayStorage::kIO)
+ROPEWKV_WKV7_DECLARE(32, wkv7::DecayStorage::kFloat32)
+ROPEWKV_WKV7_DECLARE(64, wkv7::DecayStorage::kFloat32)
+ROPEWKV_WKV7_DECLARE(128, wkv7::DecayStorage::kFloat32)
 #undef ROPEWKV_WKV7_DECLARE
 
 }  // namespace ropewkv::cuda

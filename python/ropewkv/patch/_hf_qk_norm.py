@@ -27,9 +27,11 @@ ATTENTION_CLASSES = {
 def _fused_forward(precision: Optional[str], backend: str):
     from ..ops import qk_norm_rope as ops
 
-    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings, attention_mask, cache=None, past_key_values=None, **kwargs):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+        # transformers 5.24 renamed the KV cache argument past_key_values -> cache; earlier versions pass the old name
+        cache = cache if cache is not None else past_key_values
         batch_seq = hidden_states.shape[:-1]
         heads = (*batch_seq, -1, self.head_dim)
         cos, sin = position_embeddings
@@ -38,8 +40,8 @@ def _fused_forward(precision: Optional[str], backend: str):
                                 sin=sin, precision=precision, backend=backend)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(hidden_states).view(heads).transpose(1, 2)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         eager = sys.modules[type(self).__module__].eager_attention_forward
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
         out, weights = attention(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
@@ -69,14 +71,19 @@ def _probe(cls, module: types.ModuleType, forward) -> Optional[str]:
         angle = torch.arange(5, dtype=torch.float64)[:, None] * torch.rand(4, generator=generator, dtype=torch.float64)
         cos, sin = (torch.cat((t, t), -1)[None] for t in (angle.cos(), angle.sin()))
         mask = torch.full((5, 5), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+        from transformers.cache_utils import DynamicCache
+
+        caches = DynamicCache(), DynamicCache()  # passed positionally: the argument's name changed in 5.24
         with torch.no_grad():
-            want = layer(x, (cos, sin), mask)[0]
-            got = forward(layer, x, (cos, sin), mask)[0]
+            want = layer(x, (cos, sin), mask, caches[0])[0]
+            got = forward(layer, x, (cos, sin), mask, caches[1])[0]
     except Exception as error:  # an incompatible class is a reason to skip, not to fail
         return f"probe failed: {type(error).__name__}: {error}"
     # HF's Qwen3RMSNorm computes in fp32 even for fp64 input: fp32 agreement (a different structure is off by O(1))
     if not torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max())):
         return "its forward computes something other than Qwen3's q_norm/k_norm-then-RoPE attention"
+    if caches[1].get_seq_length() != caches[0].get_seq_length():
+        return "its forward passes the KV cache in a way the fused forward does not update"
     return None
 
 

@@ -1,0 +1,6 @@
+// WKV7 CUDA kernels for head size 128, fp32 w beside fp16/bf16 r..b (autocast; see wkv7::DecayStorage).
+#include "wkv7_kernels.cuh"
+
+namespace ropewkv::cuda {
+ROPEWKV_WKV7_INSTANTIATE(128, DecayStorage::kFloat32)
+}  // namespace ropewkv::cuda
