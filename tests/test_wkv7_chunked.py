@@ -45,13 +45,13 @@ def _check(result, reference, bound, what):
 
 CASES = {
     # name: (batch, T, heads, N, cu_seqlens bounds or None, initial state)
-    "T37-N32": (2, 37, 2, 32, None, True),
+    "T37-N32": (2, 37, 1, 32, None, True),
     "T16-N64-no-state": (1, 16, 1, 64, None, False),
-    "varlen-N32": (1, 45, 2, 32, [0, 5, 5, 21, 45], True),
+    "varlen-N32": (1, 45, 1, 32, [0, 5, 5, 21, 45], True),
 }
 
 
-@pytest.mark.parametrize("decay", parity.DECAYS if hasattr(parity, "DECAYS") else ("loglog", "raw", "log"))
+@pytest.mark.parametrize("decay", ("loglog", "raw", "log"))
 @pytest.mark.parametrize("case", CASES)
 def test_matches_fp64_reference(device, case, decay):
     batch, seqlen, heads, n, bounds, with_state = CASES[case]
@@ -155,3 +155,20 @@ def test_matches_fla_chunk_rwkv7(fla, device, bounds):
 
         fla_harness.compare(fla_harness.run(ours, x, kwargs, cot), theirs, want, FP32_RMS,
                             fla_harness.FLA_ERROR["default"], backend)
+
+
+def test_cpu_op_passes_opcheck():
+    """Schema, fake kernel and autograd registration of the chunked C++ op agree (what torch.compile relies on)."""
+    x = parity.rwkv7_inputs(1, 20, 1, 32, torch.float32, "loglog", seeded(0), "cpu", True)
+    args = [x[n].requires_grad_() for n in NAMES] + [x["initial_state"].requires_grad_()]
+    torch.library.opcheck(torch.ops.ropewkv.wkv7_chunked_forward.default, (*args, None, 0, 0, True))
+
+
+@pytest.mark.parametrize("n", [128, 256])
+def test_cpu_twin_large_heads(n):
+    """N = 128 and 256 (the interpreted Triton cases stop at 64 for time; the CPU twin shares their chunk math)."""
+    gen = seeded(n)
+    inputs = parity.rwkv7_inputs(1, 20, 1, n, torch.float32, "log", gen, "cpu", True)
+    cot_y, cot_s = parity.cotangents(inputs, 1, gen)
+    reference = parity.oracle(inputs, "log", cot_y, cot_s)
+    _check(_run("cpu", inputs, "log", "fp32", cot_y, cot_s), reference, FP32_RMS, n)

@@ -172,9 +172,8 @@ TRITON = {
     "wkv7 decode N64 bf16": TritonCase(lambda: wkv7_launches(64, 64, tokens=1, with_state=True, save=False)),
     "wkv7 chunked fwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64)),
     "wkv7 chunked bwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True)),
+    # precision="bf16": the split bf16 tensor-core products (the backward's compile takes minutes: left out).
     "wkv7 chunked fwd N64 bf16-dots": TritonCase(lambda: wkv7_chunked_launches(64, 64, low_precision=True)),
-    "wkv7 chunked bwd N64 bf16-dots": TritonCase(
-        lambda: wkv7_chunked_launches(64, 64, backward=True, low_precision=True)),
     "log_decay fwd bf16": TritonCase(lambda: _log_decay(False)),
     "log_decay bwd bf16": TritonCase(lambda: _log_decay(True)),
 }

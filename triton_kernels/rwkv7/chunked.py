@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..decay import log_decay_from_raw, log_decay_from_raw_grad
-from .recurrent import _rne_bf16, checkpoint_slots  # noqa: F401  (checkpoint_slots: re-exported for the op)
+from .recurrent import _rne_bf16, checkpoint_slots, launch_grid  # noqa: F401  (checkpoint_slots: re-exported)
 
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
@@ -166,12 +166,14 @@ def _solve_matrix(Ab, L: tl.constexpr):
 
 
 @triton.jit
-def _program(cu_ptr, T, VARLEN: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
+def _program(cu_ptr, T, H, VARLEN: tl.constexpr):
+    """As the recurrent kernel's: (sequence, head) on grid axis 0, cu_seqlens clamped into [0, T] (eos >= bos)."""
+    program = tl.program_id(0).to(tl.int64)
+    n = program // H
+    h = program % H
     if VARLEN:
-        bos = tl.load(cu_ptr + n).to(tl.int64)
-        eos = tl.load(cu_ptr + n + 1).to(tl.int64)
+        bos = tl.minimum(tl.maximum(tl.load(cu_ptr + n).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_ptr + n + 1).to(tl.int64), bos), T)
     else:
         bos = n * T
         eos = bos + T
@@ -183,7 +185,7 @@ def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    n, h, bos, eos = _program(cu_ptr, T, VARLEN)
+    n, h, bos, eos = _program(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kmaj = offs[:, None] * N + offs[None, :]      # ST[k][v] at k * N + v (checkpoints)
     transposed = offs[:, None] + offs[None, :] * N  # ST[k][v] = S[v][k] at v * N + k (states in and out)
@@ -222,7 +224,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
                         N: tl.constexpr, L: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_GST: tl.constexpr,
                         VARLEN: tl.constexpr):
-    n, h, bos, eos = _program(cu_ptr, T, VARLEN)
+    n, h, bos, eos = _program(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kmaj = offs[:, None] * N + offs[None, :]
     transposed = offs[:, None] + offs[None, :] * N
@@ -324,7 +326,7 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
     n_seqs = final_state.shape[0]
     if n_seqs * heads == 0:
         return
-    _chunked_fwd_kernel[(n_seqs, heads)](
+    _chunked_fwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
         y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
         N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
@@ -339,7 +341,7 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     n_seqs = grad_initial.shape[0]
     if n_seqs * heads == 0:
         return
-    _chunked_bwd_kernel[(n_seqs, heads)](
+    _chunked_bwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
         grad_initial if grad_final is None else grad_final, *grads, grad_initial, seqlen, heads,
         N=n, L=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,

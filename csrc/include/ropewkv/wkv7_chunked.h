@@ -25,16 +25,31 @@ template <typename acc_t>
 void gemm_acc(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, bool a_transposed, const acc_t* B, int64_t ldb,
               int64_t rows, int64_t depth, int64_t n_cols) {
   constexpr int kRows = 4, kCols = 16;
+  const int64_t row_step = a_transposed ? 1 : lda, depth_step = a_transposed ? lda : 1;
   for (int64_t m0 = 0; m0 < rows; m0 += kRows) {
     const int mr = int(rows - m0 < kRows ? rows - m0 : kRows);
+    const acc_t* a0 = A + m0 * row_step;
     for (int64_t c0 = 0; c0 < n_cols; c0 += kCols) {
       acc_t acc[kRows][kCols] = {};
-      for (int64_t kk = 0; kk < depth; ++kk) {
-        const acc_t* brow = B + kk * ldb + c0;
-        for (int mm = 0; mm < kRows; ++mm) {
-          const acc_t x = mm < mr ? (a_transposed ? A[kk * lda + m0 + mm] : A[(m0 + mm) * lda + kk]) : acc_t(0);
-          ROPEWKV_SIMD
-          for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] += x * brow[cc];
+      if (mr == kRows) {  // the full block: every trip count a constant, so acc stays in registers
+        for (int64_t kk = 0; kk < depth; ++kk) {
+          const acc_t* brow = B + kk * ldb + c0;
+          const acc_t* ak = a0 + kk * depth_step;
+          for (int mm = 0; mm < kRows; ++mm) {
+            const acc_t x = ak[mm * row_step];
+            ROPEWKV_SIMD
+            for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] += x * brow[cc];
+          }
+        }
+      } else {
+        for (int64_t kk = 0; kk < depth; ++kk) {
+          const acc_t* brow = B + kk * ldb + c0;
+          const acc_t* ak = a0 + kk * depth_step;
+          for (int mm = 0; mm < mr; ++mm) {
+            const acc_t x = ak[mm * row_step];
+            ROPEWKV_SIMD
+            for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] += x * brow[cc];
+          }
         }
       }
       for (int mm = 0; mm < mr; ++mm) {
