@@ -67,7 +67,7 @@ def _diff_of_products(a, b, c, d, INTERPRETING: tl.constexpr):
     """a b - c d, compensated: ropewkv/rope.h's diff_of_products, the same operations in the same order."""
     cd = c * d
     cd_error = _fma(-c, d, cd, INTERPRETING)
-    return _fma(a, b, -cd, INTERPRETING) + cd_error
+    return _fma(a, b, -cd, INTERPRETING) + tl.where(cd_error == cd_error, cd_error, 0.0)
 
 
 @triton.jit

@@ -237,10 +237,12 @@ ROPEWKV_HD void table_entry(const Params& p, int64_t b, int64_t s, int64_t pos, 
 // ulp in the fma, 0.5 in the final sum), where rounding both products errs by up to 1.5. Only fmas and a plain
 // sum: nothing a compiler may contract, so every twin (and the Triton mirror, triton_kernels/rope.py's
 // _diff_of_products) gives the same bits.
+// An infinite c d has no finite error (the fma gives inf - inf = NaN): the term is dropped there (a select, so the
+// CPU loops still vectorize), and infinities and NaN propagate as in the plain form.
 ROPEWKV_HD float diff_of_products(float a, float b, float c, float d) {
   const float cd = c * d;
   const float cd_error = fmaf(-c, d, cd);  // exact: cd - c d
-  return fmaf(a, b, -cd) + cd_error;
+  return fmaf(a, b, -cd) + (cd_error == cd_error ? cd_error : 0.f);
 }
 
 // Rotate one pair of stored values in acc_t arithmetic: fp32 (compensated, diff_of_products), fp64, or rounded to the
