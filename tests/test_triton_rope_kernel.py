@@ -1,13 +1,15 @@
 """The Triton RoPE launchers called directly (interpreter on CPU, compiled on a GPU) against the fp64 references.
 
-Error metrics (measured under the interpreter, B2 S64 H4 D128, positions < 2^20: fp32 4.4 ulp at the pair norm;
+Error metrics (measured under the interpreter, B2 S64 H4 D128, positions < 2^20: fp32 4.4 ulp at the pair norm before
+ropefast, 4.1 since (the CPU twin's bits: same sincos polynomial, compensated rotation);
 fp16/bf16 0.50 ulp at the pair norm and at most 0.86 (fp16) / 0.52 (bf16) ulp by max_ulp_error):
   - rotation_ulp_error: ulps of the output dtype at the norm of each rotated pair. A rotated element can cancel to
     ~0 while its inputs are O(1), so ulps at the element itself measure cancellation, not the kernel. fp32 bound,
     per element: cos/sin of the reduced angle (<= 2 roundings of |r| <= pi, <= 2^-22 rad, ~4 ulp at the norm;
-    libdevice sinf/cosf or numpy: ~1 ulp), two products and a sum (1.5 ulp): 8 ulp. fp16/bf16: fp32 math then one
-    round-to-nearest-even store: 0.5 ulp + the fp32 error (8 fp32 ulp = 2^-10 fp16 ulp): 0.51. The kernel rounds bf16
-    itself under the interpreter, whose own casts truncate, so the bounds hold there too.
+    the shared sincos_poly: <= 0.85 ulp), the compensated difference of products (1 ulp): 8 ulp, with margin.
+    fp16/bf16: fp32 math then one round-to-nearest-even store: 0.5 ulp + the fp32 error (8 fp32 ulp = 2^-10 fp16
+    ulp): 0.51. The kernel rounds bf16 itself under the interpreter, whose own casts truncate, so the bounds hold
+    there too.
   - max_ulp_error (fp16/bf16 outputs): 0.5 ulp for the store plus the fp32 error judged at the metric's floor
     (2^-12 of max |ref|), where an fp16 ulp is only ~2^-22 of max |ref|, i.e. comparable to the fp32 error: 1.5 ulp
     (the foundation's bound for one final rounding).
@@ -300,8 +302,8 @@ def rope_ptx(launcher, *args):
 
 def test_compiles_for_nvidia_as_intended():
     """Also without a GPU: the kernel compiles for sm_90; the angle uses explicit fp32 fmas (two-product, 2pi
-    reduction constant) and libdevice's accurate __nv_sinf/__nv_cosf (not sin.approx); low precision keeps
-    every rounding of eager HF (no contraction into a bf16 fma)."""
+    reduction constant) and the shared sincos polynomial (no libdevice sinf/cosf, no sin.approx); GPT-J pairs move
+    as 16-byte vectors; low precision keeps every rounding of eager HF (no contraction into a bf16 fma)."""
     if kernels.INTERPRETING:  # @triton.jit gave interpreted functions here: compile in a process without it
         run_without_interpreter(__file__, "test_compiles_for_nvidia_as_intended")
         return
@@ -312,7 +314,13 @@ def test_compiles_for_nvidia_as_intended():
     ptx = rope_ptx(kernels.rope_forward, q, q, q, q, inv_freq, positions, positions[0], cu_seqlens, False, False,
                    1.0, False)
     assert "fma.rn.f32" in ptx and "0f40C90FDB" in ptx  # fp32(2pi) = 0x40C90FDB
-    assert "__nv_sinf" in ptx and "__nv_cosf" in ptx and ".approx" not in ptx.split("__nv_sinf")[0]
+    # sincos_poly's 2/pi and its last sin coefficient (-0x1.555546p-3), as fp32 immediates
+    assert "0f3F22F983" in ptx and "0fBE2AAAA3" in ptx
+    assert "__nv_sinf" not in ptx and "__nv_cosf" not in ptx and ".approx" not in ptx
     table = torch.empty(1, 2, 128, dtype=torch.bfloat16)
     ptx = rope_ptx(kernels.rope_cos_sin_forward, q, None, q, None, table, table, True, False, True)
     assert "mul.rn.bf16" in ptx and "fma.rn.bf16" not in ptx
+    # GPT-J at 32 heads (a head block wide enough for 8 bf16 per thread): [heads, D] blocks, pairs split in registers
+    q32 = torch.empty(1, 2, 32, 128, dtype=torch.bfloat16)
+    ptx = rope_ptx(kernels.rope_forward, q32, None, q32, None, inv_freq, None, None, None, True, False, 1.0, False)
+    assert "ld.global.v4" in ptx and "st.global.v4" in ptx

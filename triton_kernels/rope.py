@@ -4,17 +4,19 @@ One program per token (a linear token grid, also for packed varlen): it computes
 of its rotary frequencies once, and rotates every head of q and then of k with them (one launch for both).
 
 Angle: theta_i = position * inv_freq[i] is reduced to r in [-pi, pi] without losing the low bits of the product:
-  p + e = pf * f exactly (fma two-product), n = round(p / 2pi) (half away from zero, as C roundf),
+  p + e = pf * f exactly (fma two-product), n = rint(p / 2pi) (ties to even),
   r = ((p - n*HI) - n*MID) - n*LO + e with 2pi = HI + MID + LO (three fp32 parts, each step one fma).
 The error of r is ~2 fp32 roundings of |r| <= pi (~2.4e-7 rad) whatever the position, where naive fp32 pos*f loses
-~ulp(pos*f) (0.03 rad at pos*f ~ 1e6). On NVIDIA, tl.cos/tl.sin lower to libdevice __nv_cosf/__nv_sinf (accurate,
-~1-2 ulp; not sin.approx.f32), whose slow large-argument path is never taken for |r| <= pi.
+~ulp(pos*f) (0.03 rad at pos*f ~ 1e6). sin and cos of r: _sincos, the shared header's branch-free polynomial
+(ropewkv/rope.h: sincos_poly, <= 0.85 ulp), operation for operation, and the pairs rotate with its compensated
+difference of products (_diff_of_products): the CPU, CUDA and Triton twins compute the same fp32 bits.
 
 Interpreter notes (TRITON_INTERPRET=1, CPU): its tl.fma rounds the product first (numpy has no fma), so there the
 fma is done in fp64 (an fp32 product is exact in fp64; the sum rounds twice, which can differ from a true fma by one
 ulp in rare ties, never in the exact steps of the two-product); and its fp32->bf16 casts truncate, so there
 bf16 rounding is done with integer ops (round to nearest even). On a GPU, tl.fma and .to() are used directly.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -26,6 +28,18 @@ TWO_PI_HI = tl.constexpr(6.2831854820251465)          # fp32(2pi)            0x1
 TWO_PI_MID = tl.constexpr(-1.7484555314695172e-07)    # fp32(2pi - HI)       -0x1.777a5cp-23
 TWO_PI_LO = tl.constexpr(-6.8604980400235275e-15)     # fp32(2pi - HI - MID) -0x1.ee59dap-48
 INV_TWO_PI = tl.constexpr(0.15915493667125702)        # fp32(1/2pi)
+# sincos_poly's constants (ropewkv/rope.h), as the fp32 values the C++ literals round to: 2/pi, 2pi/4 in three parts,
+# Cephes' sinf and cosf minimax coefficients.
+TWO_OVER_PI = tl.constexpr(float.fromhex("0x1.45f306p-1"))
+QUARTER_TWO_PI_HI = tl.constexpr(float.fromhex("0x1.921fb6p+0"))
+QUARTER_TWO_PI_MID = tl.constexpr(float.fromhex("-0x1.777a5cp-25"))
+QUARTER_TWO_PI_LO = tl.constexpr(float.fromhex("-0x1.ee59dap-50"))
+SIN_P0 = tl.constexpr(float.fromhex("-0x1.9943f2p-13"))
+SIN_P1 = tl.constexpr(float.fromhex("0x1.11073cp-7"))
+SIN_P2 = tl.constexpr(float.fromhex("-0x1.555546p-3"))
+COS_Q0 = tl.constexpr(float.fromhex("0x1.99eb9cp-16"))
+COS_Q1 = tl.constexpr(float.fromhex("-0x1.6c0c34p-10"))
+COS_Q2 = tl.constexpr(float.fromhex("0x1.55554ap-5"))
 
 # Elements of one head block [BLOCK_H, BLOCK_HALF]: enough to keep a GPU's loads wide, few enough for registers.
 HEAD_BLOCK_ELEMENTS = 2048
@@ -33,10 +47,27 @@ HEAD_BLOCK_ELEMENTS = 2048
 
 @triton.jit
 def _fma(x, y, z, INTERPRETING: tl.constexpr):
-    """x * y + z rounded once (x, z fp32 tensors; y an fp32 tensor or an fp32-exact constant)."""
-    if INTERPRETING:  # x * y promotes to fp64, where it is exact
-        return (x.to(tl.float64) * y + z.to(tl.float64)).to(tl.float32)
+    """x * y + z rounded once (x an fp32 tensor; y, z fp32 tensors or fp32-exact constants)."""
+    if INTERPRETING:  # x * y promotes to fp64, where it is exact; the sum is fp64 too (rounded twice, see above)
+        return (x.to(tl.float64) * y + z).to(tl.float32)
     return tl.fma(x, y, z)
+
+
+@triton.jit
+def _rint(x):
+    """x rounded to the nearest integer, ties to even (C rintf): |x| < 2^23 plus and minus 2^23 rounds at the units
+    (exact otherwise, no contraction); larger |x| are integers already."""
+    a = tl.abs(x)
+    r = tl.where(a < 8388608.0, (a + 8388608.0) - 8388608.0, a)
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _diff_of_products(a, b, c, d, INTERPRETING: tl.constexpr):
+    """a b - c d, compensated: ropewkv/rope.h's diff_of_products, the same operations in the same order."""
+    cd = c * d
+    cd_error = _fma(-c, d, cd, INTERPRETING)
+    return _fma(a, b, -cd, INTERPRETING) + tl.where(cd_error == cd_error, cd_error, 0.0)
 
 
 @triton.jit
@@ -54,12 +85,31 @@ def _reduced_angle(pf, f, INTERPRETING: tl.constexpr):
     """pf * f (both fp32, the product taken exactly) reduced modulo 2pi to about [-pi, pi]."""
     p = pf * f
     e = _fma(pf, f, -p, INTERPRETING)
-    t = p * INV_TWO_PI
-    n = tl.where(t >= 0, tl.floor(t + 0.5), -tl.floor(0.5 - t))
+    n = _rint(p * INV_TWO_PI)
     r = _fma(-n, TWO_PI_HI, p, INTERPRETING)
     r = _fma(-n, TWO_PI_MID, r, INTERPRETING)
     r = _fma(-n, TWO_PI_LO, r, INTERPRETING)
     return r + e
+
+
+@triton.jit
+def _sincos(r, INTERPRETING: tl.constexpr):
+    """(sin r, cos r) of a reduced angle |r| <= ~pi: ropewkv/rope.h's sincos_poly, operation for operation (its
+    comments give the derivation and the 0.85 ulp bound), so that every twin computes the same bits."""
+    q = _rint(r * TWO_OVER_PI)
+    yh = _fma(-q, QUARTER_TWO_PI_HI, r, INTERPRETING)
+    yl = _fma(-q, QUARTER_TWO_PI_LO, -q * QUARTER_TWO_PI_MID, INTERPRETING)
+    y = yh + yl
+    z = y * y
+    sp = yh + _fma(y * z, _fma(_fma(z, SIN_P0, SIN_P1, INTERPRETING), z, SIN_P2, INTERPRETING), yl, INTERPRETING)
+    zh = yh * yh
+    ze = _fma(yh, yh, -zh, INTERPRETING)
+    cq = _fma(_fma(z, COS_Q0, COS_Q1, INTERPRETING), z, COS_Q2, INTERPRETING)
+    cp = 1.0 + _fma(zh, -0.5, _fma(z * z, cq, _fma(-yh, yl, -0.5 * ze, INTERPRETING), INTERPRETING), INTERPRETING)
+    quadrant = tl.where(tl.abs(q) < 4194304.0, q, 0.0).to(tl.int32) & 3
+    sin_y = tl.where((quadrant & 1) != 0, cp, sp)
+    cos_y = tl.where((quadrant & 1) != 0, sp, cp)
+    return tl.where((quadrant & 2) != 0, -sin_y, sin_y), tl.where(((quadrant + 1) & 2) != 0, -cos_y, cos_y)
 
 
 @triton.jit
@@ -129,8 +179,9 @@ def _token_cos_sin(token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, off
                                    MROPE_INTERLEAVED)
         f = tl.load(freq_ptr + i, mask=half_mask, other=0.0)
         r = _reduced_angle(position.to(tl.float32), f, INTERPRETING)
-        cos1 = tl.cos(r) * scaling
-        sin1 = tl.sin(r) * scaling
+        sin_r, cos_r = _sincos(r, INTERPRETING)
+        cos1 = cos_r * scaling
+        sin1 = sin_r * scaling
         cos2 = cos1
         sin2 = sin1
     return cos1, sin1, cos2, sin2
@@ -174,8 +225,8 @@ def _rotate_heads(x_ptr, o_ptr, x_sb, x_ss, x_sh, o_sb, o_ss, o_sh, b, s, n_head
             out2 = _round_to(_round_to(x2 * cos2, dtype, INTERPRETING) + _round_to(x1 * sin2, dtype, INTERPRETING),
                              dtype, INTERPRETING)
         else:
-            out1 = _round_to(x1 * cos1 - x2 * sin1, dtype, INTERPRETING)
-            out2 = _round_to(x2 * cos2 + x1 * sin2, dtype, INTERPRETING)
+            out1 = _round_to(_diff_of_products(x1, cos1, x2, sin1, INTERPRETING), dtype, INTERPRETING)
+            out2 = _round_to(_diff_of_products(x2, cos2, -x1, sin2, INTERPRETING), dtype, INTERPRETING)
         # out1/out2 hold values exact in `dtype`, so this cast is exact (also where the interpreter truncates).
         if INTERLEAVED:
             out = tl.reshape(tl.join(out1, out2), (BLOCK_H, 2 * BLOCK_HALF))
@@ -261,7 +312,9 @@ def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, lo
         HALF=half, REST=rest, BLOCK_HALF=block_half, BLOCK_REST=triton.next_power_of_2(max(rest, 1)),
         BLOCK_HQ=min(triton.next_power_of_2(max(n_qheads, 1)), max_heads),
         BLOCK_HK=min(triton.next_power_of_2(max(n_kheads, 1)), max_heads),
-        INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate), LOW_PRECISION=bool(low_precision),
+        INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate),
+        # fp32 I/O has no lower mode: its "low precision" is the fp32 math (compensated), as on the C++ twins
+        LOW_PRECISION=bool(low_precision) and q.dtype != torch.float32,
         FROM_TABLE=cos is not None, HAS_K=k is not None, HAS_POSITIONS=positions is not None,
         HAS_OFFSETS=seqlen_offsets is not None, HAS_CU=cu_seqlens is not None,
         COPY_REST=rest > 0 and not in_place, MROPE=mrope, MROPE_INTERLEAVED=bool(mrope_interleaved),

@@ -16,6 +16,7 @@
 //    low-precision arithmetic, rnd(rnd(x1 c) - rnd(x2 s)), bit for bit given the same cos/sin.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "ropewkv/precision.h"
 
@@ -42,12 +43,14 @@ ROPEWKV_HD float reduced_angle(float pos, float f) {
   return r + e;
 }
 
-// sin and cos of a reduced angle |r| <= ~pi on the host (larger |r| lose accuracy): a quadrant reduction by pi/2
+// sin and cos of a reduced angle |r| <= ~pi (larger |r| lose accuracy): a quadrant reduction by pi/2
 // (the three Cody-Waite pieces of 2*pi over 4, exact scalings) to |y| <= pi/4, then Cephes' minimax polynomials
 // (sinf/cosf) in fma Horner form. Branch-free, so the CPU twin's `omp simd` loop vectorizes it; fmas only where written
 // (no contraction), so the result does not depend on -march. Measured against sin/cos in fp64 of the fp32 argument
 // (every 61st fp32 with |r| <= 3.25): <= 0.85 ulp (glibc's sinf/cosf: 0.56); the angle itself errs by up to 1e-6 rad.
-inline void sincos_poly(float r, float* s, float* c) {
+// The CUDA twin runs it too (not sincosf, whose last bit differs from the host's; never __sinf, ~1e-2 off at large
+// arguments), and triton_kernels/rope.py mirrors it (_sincos): the same bits on every twin.
+ROPEWKV_HD void sincos_poly(float r, float* s, float* c) {
   const float q = rintf(r * 0x1.45f306p-1f);  // r * 2/pi: the quadrant
   // y = yh + yl, kept as a pair: yh exact (|q| <= 2 and yh cancels), yl = -q (MID + LO) the small rest.
   const float yh = fmaf(-q, 0.25f * kTwoPiHi, r);
@@ -70,19 +73,10 @@ inline void sincos_poly(float r, float* s, float* c) {
   *c = (quadrant + 1u) & 2u ? -cos_y : cos_y;
 }
 
-// Accurate sin and cos of a reduced fp32 angle (no fast-math intrinsics: __sinf errs by ~1e-2 at large arguments).
-ROPEWKV_HD void sincos_accurate(float r, float* s, float* c) {
-#if defined(__CUDA_ARCH__)
-  sincosf(r, s, c);
-#else
-  sincos_poly(r, s, c);
-#endif
-}
-
 // cos and sin of the angle pos * f (the inv_freq source), times attention_scaling.
 ROPEWKV_HD void angle_cos_sin(float pos, float f, float scaling, float* c, float* s) {
   float sv, cv;
-  sincos_accurate(reduced_angle(pos, f), &sv, &cv);
+  sincos_poly(reduced_angle(pos, f), &sv, &cv);
   *c = cv * scaling;
   *s = sv * scaling;
 }
@@ -238,15 +232,34 @@ ROPEWKV_HD void table_entry(const Params& p, int64_t b, int64_t s, int64_t pos, 
   finish_entry<acc_t>(p.conjugate, c_a, s_a, c_b, s_b, ca, sa, cb, sb);
 }
 
-// Rotate one pair of stored values in acc_t arithmetic (fp32, fp64, or rounded to the I/O type after each operation).
+// a b - c d in fp32 with Kahan's compensated difference of products: cd's rounding error is recovered exactly by an
+// fma and added back, so the result errs by <= 1 ulp of max(|a b|, |c d|) (about the pair norm for a rotation: 0.5
+// ulp in the fma, 0.5 in the final sum), where rounding both products errs by up to 1.5. Only fmas and a plain
+// sum: nothing a compiler may contract, so every twin (and the Triton mirror, triton_kernels/rope.py's
+// _diff_of_products) gives the same bits.
+// An infinite c d has no finite error (the fma gives inf - inf = NaN): the term is dropped there (a select, so the
+// CPU loops still vectorize), and infinities and NaN propagate as in the plain form.
+ROPEWKV_HD float diff_of_products(float a, float b, float c, float d) {
+  const float cd = c * d;
+  const float cd_error = fmaf(-c, d, cd);  // exact: cd - c d
+  return fmaf(a, b, -cd) + (cd_error == cd_error ? cd_error : 0.f);
+}
+
+// Rotate one pair of stored values in acc_t arithmetic: fp32 (compensated, diff_of_products), fp64, or rounded to the
+// I/O type after each operation (HF's eager low-precision arithmetic, bit for bit).
 template <typename acc_t, typename io_t, typename tab_t>
 ROPEWKV_HD void rotate_values(io_t x_a, io_t x_b, tab_t ca, tab_t sa, tab_t cb, tab_t sb, io_t* out_a, io_t* out_b) {
   const acc_t xa = acc_t(widen(x_a));
   const acc_t xb = acc_t(widen(x_b));
-  const acc_t oa = xa * acc_t(ca) - xb * acc_t(sa);
-  const acc_t ob = xb * acc_t(cb) + xa * acc_t(sb);
-  *out_a = narrow<io_t>(plain(oa));
-  *out_b = narrow<io_t>(plain(ob));
+  if constexpr (std::is_same_v<acc_t, float>) {
+    *out_a = narrow<io_t>(diff_of_products(xa, float(ca), xb, float(sa)));
+    *out_b = narrow<io_t>(diff_of_products(xb, float(cb), -xa, float(sb)));
+  } else {
+    const acc_t oa = xa * acc_t(ca) - xb * acc_t(sa);
+    const acc_t ob = xb * acc_t(cb) + xa * acc_t(sb);
+    *out_a = narrow<io_t>(plain(oa));
+    *out_b = narrow<io_t>(plain(ob));
+  }
 }
 
 // rotate_values on dims a and b of one head.
