@@ -313,8 +313,8 @@ def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, lo
         BLOCK_HQ=min(triton.next_power_of_2(max(n_qheads, 1)), max_heads),
         BLOCK_HK=min(triton.next_power_of_2(max(n_kheads, 1)), max_heads),
         INTERLEAVED=bool(interleaved), CONJUGATE=bool(conjugate),
-        # fp32 I/O has no lower mode: its "low precision" is the fp32 math (compensated), as on the C++ twins
-        LOW_PRECISION=bool(low_precision) and q.dtype != torch.float32,
+        # HF's eager arithmetic: with fp32 I/O, plain rounded products and sum (bit-equal to HF), as the C++ twins
+        LOW_PRECISION=bool(low_precision),
         FROM_TABLE=cos is not None, HAS_K=k is not None, HAS_POSITIONS=positions is not None,
         HAS_OFFSETS=seqlen_offsets is not None, HAS_CU=cu_seqlens is not None,
         COPY_REST=rest > 0 and not in_place, MROPE=mrope, MROPE_INTERLEAVED=bool(mrope_interleaved),

@@ -59,7 +59,7 @@ template <typename acc_t, typename io_t, typename tab_t>
 
 template <typename io_t, Precision P>
 void rope_cpu_kernel(const Params& p) {
-  using acc_t = accum_t<io_t, P>;
+  using acc_t = rope_accum_t<io_t, P>;
   using tab_t = compute_t<io_t>;
   const int64_t tokens = p.batch * p.seqlen;
   const int64_t per_token = (p.hq + (p.k != nullptr ? p.hk : 0)) * p.head_dim + 1;

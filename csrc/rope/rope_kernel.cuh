@@ -158,7 +158,7 @@ __device__ __forceinline__ void copy_unit_heads(const io_t* x, io_t* o, int64_t 
 // vector path and 1 element-wise (the copy tail need not be a multiple of anything there).
 template <typename io_t, Precision P, bool VECTOR, bool INTERLEAVED>
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const rope::Params p, const rope::ThreadMap m) {
-  using acc_t = accum_t<io_t, P>;
+  using acc_t = rope::rope_accum_t<io_t, P>;
   constexpr int W = VECTOR ? 16 / int(sizeof(io_t)) : (INTERLEAVED ? 2 : 1);
   constexpr int CW = VECTOR ? W : 1;
   constexpr int kFreqs = INTERLEAVED ? W / 2 : W;

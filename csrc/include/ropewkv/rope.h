@@ -245,6 +245,12 @@ ROPEWKV_HD float diff_of_products(float a, float b, float c, float d) {
   return fmaf(a, b, -cd) + (cd_error == cd_error ? cd_error : 0.f);
 }
 
+// RoPE's arithmetic type: accum_t, except that precision="bf16" with fp32 I/O is HF's eager fp32 arithmetic (each
+// product and the sum rounded: Rounded<float>), not the compensated fp32 form, so it stays bit-equal to HF.
+template <typename io_t, Precision P>
+using rope_accum_t =
+    std::conditional_t<P == Precision::kBF16 && std::is_same_v<io_t, float>, Rounded<float>, accum_t<io_t, P>>;
+
 // Rotate one pair of stored values in acc_t arithmetic: fp32 (compensated, diff_of_products), fp64, or rounded to the
 // I/O type after each operation (HF's eager low-precision arithmetic, bit for bit).
 template <typename acc_t, typename io_t, typename tab_t>
