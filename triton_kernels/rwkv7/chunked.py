@@ -24,8 +24,8 @@ chunk c of sequence n (ST before it, k-major) is slot cu[n] // L + n + c.
 import triton
 import triton.language as tl
 
-from ..decay import log_decay_from_raw, log_decay_from_raw_grad
-from .recurrent import _rne_bf16, checkpoint_slots, launch_grid  # noqa: F401  (checkpoint_slots: re-exported)
+from .recurrent import _log_decay, _rne_bf16, launch_grid
+from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
@@ -70,21 +70,6 @@ def _store_rows(ptr, at, x, LOW_PRECISION: tl.constexpr, mask):
     if LOW_PRECISION or ptr.dtype.element_ty == tl.bfloat16:
         x = _rne_bf16(x)
     tl.store(ptr + at, x.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _log_decay(w, DECAY: tl.constexpr):
-    """(log d, d log d / dw) in fp32 for the convention DECAY (0 loglog, 1 raw, 2 log)."""
-    if DECAY == 0:
-        log_d = -tl.exp(w)
-        dlog = log_d
-    elif DECAY == 1:
-        log_d = log_decay_from_raw(w)
-        dlog = log_decay_from_raw_grad(w)
-    else:
-        log_d = w
-        dlog = tl.full(w.shape, 1.0, tl.float32)
-    return log_d, dlog
 
 
 @triton.jit

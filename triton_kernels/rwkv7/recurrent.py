@@ -58,8 +58,8 @@ def _store_out(ptr, offsets, x, LOW_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _decay(w, DECAY: tl.constexpr):
-    """(d, d log d / dw) in fp32 for the convention DECAY (0 loglog, 1 raw, 2 log)."""
+def _log_decay(w, DECAY: tl.constexpr):
+    """(log d, d log d / dw) in fp32 for the convention DECAY (0 loglog, 1 raw, 2 log); the chunked kernel's too."""
     if DECAY == 0:
         log_d = -tl.exp(w)
         dlog = log_d
@@ -69,6 +69,13 @@ def _decay(w, DECAY: tl.constexpr):
     else:
         log_d = w
         dlog = tl.full(w.shape, 1.0, tl.float32)
+    return log_d, dlog
+
+
+@triton.jit
+def _decay(w, DECAY: tl.constexpr):
+    """(d, d log d / dw) in fp32 for the convention DECAY."""
+    log_d, dlog = _log_decay(w, DECAY)
     return tl.exp(log_d), dlog
 
 
