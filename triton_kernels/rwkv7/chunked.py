@@ -24,7 +24,7 @@ chunk c of sequence n (ST before it, k-major) is slot cu[n] // L + n + c.
 import triton
 import triton.language as tl
 
-from .recurrent import _log_decay, _rne_bf16, launch_grid
+from .recurrent import _log_decay, _rne_bf16, _sequence, launch_grid
 from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
 CHUNK = 16
@@ -151,26 +151,11 @@ def _solve_matrix(Ab, L: tl.constexpr):
 
 
 @triton.jit
-def _program(cu_ptr, T, H, VARLEN: tl.constexpr):
-    """As the recurrent kernel's: (sequence, head) on grid axis 0, cu_seqlens clamped into [0, T] (eos >= bos)."""
-    program = tl.program_id(0).to(tl.int64)
-    n = program // H
-    h = program % H
-    if VARLEN:
-        bos = tl.minimum(tl.maximum(tl.load(cu_ptr + n).to(tl.int64), 0), T)
-        eos = tl.minimum(tl.maximum(tl.load(cu_ptr + n + 1).to(tl.int64), bos), T)
-    else:
-        bos = n * T
-        eos = bos + T
-    return n, h, bos, eos
-
-
-@triton.jit
 def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    n, h, bos, eos = _program(cu_ptr, T, H, VARLEN)
+    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kmaj = offs[:, None] * N + offs[None, :]      # ST[k][v] at k * N + v (checkpoints)
     transposed = offs[:, None] + offs[None, :] * N  # ST[k][v] = S[v][k] at v * N + k (states in and out)
@@ -209,7 +194,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
                         N: tl.constexpr, L: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_GST: tl.constexpr,
                         VARLEN: tl.constexpr):
-    n, h, bos, eos = _program(cu_ptr, T, H, VARLEN)
+    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kmaj = offs[:, None] * N + offs[None, :]
     transposed = offs[:, None] + offs[None, :] * N
