@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ropewkv/wkv7_chunked.h"
-#include "wkv7_glue.h"
+#include "wkv7_cpu_glue.h"
 
 namespace ropewkv {
 namespace {
@@ -17,29 +17,6 @@ using wkv7::Decay;
 using wkv7::chunked::Chunk;
 using wkv7::chunked::ChunkGrads;
 using wkv7::chunked::kChunk;
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <typename scalar_t, typename Body>
-void dispatch_w(const wkv7::Inputs& in, Body&& body) {
-  if (in.w.scalar_type() == in.r.scalar_type()) return body(TypeTag<scalar_t>{});
-  TORCH_CHECK_TYPE(in.w.scalar_type() == at::kFloat, "w must have r's dtype (", in.r.scalar_type(),
-                   ") or float32, got ", in.w.scalar_type());
-  body(TypeTag<float>{});
-}
-
-void check_cu_seqlens_values(const wkv7::Inputs& in) {
-  if (!in.cu_seqlens.defined()) return;
-  const int64_t* cu = in.cu_seqlens.const_data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(cu[0] == 0 && cu[in.n_seqs] == in.seqlen, "cu_seqlens must start at 0 and end at T = ",
-                    in.seqlen, ", got ", in.cu_seqlens);
-  for (int64_t s = 0; s < in.n_seqs; ++s) {
-    TORCH_CHECK_VALUE(cu[s] <= cu[s + 1], "cu_seqlens must be non-decreasing, got ", in.cu_seqlens);
-  }
-}
 
 // Reads one chunk's inputs (tokens q .. q + len - 1 of batch row `batch`, head h) into ch.
 template <Precision P, typename scalar_t, typename w_scalar_t, typename acc_t>
@@ -189,54 +166,15 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv7_chunked_forward_cpu(
-    const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
-    const at::Tensor& b, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
-    int64_t decay_code, int64_t precision, bool save_checkpoints) {
-  const wkv7::Inputs in = wkv7::check_inputs(r, w, k, v, a, b, initial_state, cu_seqlens, /*allow_fp64=*/true);
-  const Decay decay = wkv7::decay_from(decay_code);
-  check_cu_seqlens_values(in);
-  at::Tensor y = new_output_like(in.r);
-  at::Tensor final_state = wkv7::new_state(in, in.n_seqs);
-  at::Tensor ckpt = wkv7::new_checkpoints(in, save_checkpoints);
-  ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_chunked_forward_cpu", [&] {
-    ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      dispatch_w<scalar_t>(in, [&](auto w_tag) {
-        using w_scalar_t = typename decltype(w_tag)::type;
-        forward_impl<io_t, kPrecision, scalar_t, w_scalar_t>(in, decay, save_checkpoints, y, final_state, ckpt);
-      });
-    });
-  });
-  return {y, final_state, ckpt};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-wkv7_chunked_backward_cpu(const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_final_state,
-                          const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& initial_state,
-                          const std::optional<at::Tensor>& cu_seqlens, const at::Tensor& checkpoints,
-                          int64_t decay_code, int64_t precision) {
-  const wkv7::Inputs in = wkv7::check_inputs(r, w, k, v, a, b, initial_state, cu_seqlens, /*allow_fp64=*/true);
-  const Decay decay = wkv7::decay_from(decay_code);
-  check_cu_seqlens_values(in);
-  wkv7::check_checkpoints(checkpoints, in);
-  TORCH_CHECK_VALUE(grad_y.sizes() == r.sizes(), "grad_y has shape ", grad_y.sizes(), " but r has ", r.sizes());
-  const at::Tensor gy = grad_y.to(r.scalar_type()).contiguous();
-  const at::Tensor gs = wkv7::check_grad_state(grad_final_state, in);
-  const at::Tensor ckpt = checkpoints.contiguous();
-  std::array<at::Tensor, 6> grads;
-  for (int i = 0; i < 6; ++i) grads[i] = new_output_like(i == 1 ? in.w : in.r);
-  at::Tensor grad_s0 = wkv7::new_state(in, in.n_seqs);
-  ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_chunked_backward_cpu", [&] {
-    ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      dispatch_w<scalar_t>(in, [&](auto w_tag) {
-        using w_scalar_t = typename decltype(w_tag)::type;
-        backward_impl<io_t, kPrecision, scalar_t, w_scalar_t>(in, decay, gy, gs, ckpt, grads, grad_s0);
-      });
-    });
-  });
-  return {grads[0], grads[1], grads[2], grads[3], grads[4], grads[5], grad_s0};
-}
+// The chunk-by-chunk algorithm, for the glue in wkv7_cpu_glue.h.
+struct Chunked {
+  static constexpr const char* kForwardName = "wkv7_chunked_forward_cpu";
+  static constexpr const char* kBackwardName = "wkv7_chunked_backward_cpu";
+  template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
+  static constexpr auto forward = &forward_impl<io_t, P, scalar_t, w_scalar_t>;
+  template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
+  static constexpr auto backward = &backward_impl<io_t, P, scalar_t, w_scalar_t>;
+};
 
 }  // namespace
 
@@ -251,8 +189,8 @@ TORCH_LIBRARY_FRAGMENT(ropewkv, m) {
 }
 
 TORCH_LIBRARY_IMPL(ropewkv, CPU, m) {
-  m.impl("wkv7_chunked_forward", &wkv7_chunked_forward_cpu);
-  m.impl("wkv7_chunked_backward", &wkv7_chunked_backward_cpu);
+  m.impl("wkv7_chunked_forward", &wkv7::cpu_forward<Chunked>);
+  m.impl("wkv7_chunked_backward", &wkv7::cpu_backward<Chunked>);
 }
 
 }  // namespace ropewkv

@@ -5,12 +5,13 @@
 
 #include <vector>
 
-#include "wkv7_glue.h"
+#include "wkv7_cpu_glue.h"
 
 namespace ropewkv {
 namespace {
 
 using wkv7::Decay;
+using wkv7::dispatch_w;
 using wkv7::kCheckpointEvery;
 
 // The inputs of a call: r, k, v, a, b in the I/O type, w in its own type w_t (io_t, or float: an fp32 decay input
@@ -50,20 +51,6 @@ struct Token {
   }
 };
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls body(TypeTag<w's c10 type>{}): r's (scalar_t), or float.
-template <typename scalar_t, typename Body>
-void dispatch_w(const wkv7::Inputs& in, Body&& body) {
-  if (in.w.scalar_type() == in.r.scalar_type()) return body(TypeTag<scalar_t>{});
-  TORCH_CHECK_TYPE(in.w.scalar_type() == at::kFloat, "w must have r's dtype (", in.r.scalar_type(),
-                   ") or float32, got ", in.w.scalar_type());
-  body(TypeTag<float>{});
-}
-
 // S (n x n) <- the state at the start of sequence s (initial_state[s] or zeros).
 template <typename acc_t>
 void load_initial(const wkv7::Inputs& in, int64_t s, int64_t h, acc_t* S) {
@@ -80,16 +67,6 @@ template <typename acc_t>
 acc_t* checkpoint_slot(const wkv7::Inputs& in, acc_t* ckpt, int64_t batch, int64_t p, int64_t h) {
   const int64_t nn = in.head_size * in.head_size;
   return ckpt + ((batch * in.chunks + p / kCheckpointEvery) * in.heads + h) * nn;
-}
-
-void check_cu_seqlens_values(const wkv7::Inputs& in) {
-  if (!in.cu_seqlens.defined()) return;
-  const int64_t* cu = in.cu_seqlens.const_data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(cu[0] == 0 && cu[in.n_seqs] == in.seqlen, "cu_seqlens must start at 0 and end at T = ",
-                    in.seqlen, ", got ", in.cu_seqlens);
-  for (int64_t s = 0; s < in.n_seqs; ++s) {
-    TORCH_CHECK_VALUE(cu[s] <= cu[s + 1], "cu_seqlens must be non-decreasing, got ", in.cu_seqlens);
-  }
 }
 
 template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
@@ -222,53 +199,15 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv7_forward_cpu(
-    const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
-    const at::Tensor& b, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
-    int64_t decay_code, int64_t precision, bool save_checkpoints) {
-  const wkv7::Inputs in = wkv7::check_inputs(r, w, k, v, a, b, initial_state, cu_seqlens, /*allow_fp64=*/true);
-  const Decay decay = wkv7::decay_from(decay_code);
-  check_cu_seqlens_values(in);
-  at::Tensor y = new_output_like(in.r);
-  at::Tensor final_state = wkv7::new_state(in, in.n_seqs);
-  at::Tensor ckpt = wkv7::new_checkpoints(in, save_checkpoints);
-  ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_forward_cpu", [&] {
-    ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      dispatch_w<scalar_t>(in, [&](auto w_tag) {
-        using w_scalar_t = typename decltype(w_tag)::type;
-        forward_impl<io_t, kPrecision, scalar_t, w_scalar_t>(in, decay, save_checkpoints, y, final_state, ckpt);
-      });
-    });
-  });
-  return {y, final_state, ckpt};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv7_backward_cpu(
-    const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_final_state, const at::Tensor& r,
-    const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b,
-    const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
-    const at::Tensor& checkpoints, int64_t decay_code, int64_t precision) {
-  const wkv7::Inputs in = wkv7::check_inputs(r, w, k, v, a, b, initial_state, cu_seqlens, /*allow_fp64=*/true);
-  const Decay decay = wkv7::decay_from(decay_code);
-  check_cu_seqlens_values(in);
-  wkv7::check_checkpoints(checkpoints, in);
-  TORCH_CHECK_VALUE(grad_y.sizes() == r.sizes(), "grad_y has shape ", grad_y.sizes(), " but r has ", r.sizes());
-  const at::Tensor gy = grad_y.to(r.scalar_type()).contiguous();
-  const at::Tensor gs = wkv7::check_grad_state(grad_final_state, in);
-  const at::Tensor ckpt = checkpoints.contiguous();
-  std::array<at::Tensor, 6> grads;
-  for (int i = 0; i < 6; ++i) grads[i] = new_output_like(i == 1 ? in.w : in.r);
-  at::Tensor grad_s0 = wkv7::new_state(in, in.n_seqs);
-  ROPEWKV_DISPATCH_IO(in.r.scalar_type(), "wkv7_backward_cpu", [&] {
-    ROPEWKV_DISPATCH_PRECISION(precision_from(precision), [&] {
-      dispatch_w<scalar_t>(in, [&](auto w_tag) {
-        using w_scalar_t = typename decltype(w_tag)::type;
-        backward_impl<io_t, kPrecision, scalar_t, w_scalar_t>(in, decay, gy, gs, ckpt, grads, grad_s0);
-      });
-    });
-  });
-  return {grads[0], grads[1], grads[2], grads[3], grads[4], grads[5], grad_s0};
-}
+// The token-by-token recurrence, for the glue in wkv7_cpu_glue.h.
+struct Sequential {
+  static constexpr const char* kForwardName = "wkv7_forward_cpu";
+  static constexpr const char* kBackwardName = "wkv7_backward_cpu";
+  template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
+  static constexpr auto forward = &forward_impl<io_t, P, scalar_t, w_scalar_t>;
+  template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
+  static constexpr auto backward = &backward_impl<io_t, P, scalar_t, w_scalar_t>;
+};
 
 at::Tensor wkv7_step_cpu(const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& a, const at::Tensor& b, at::Tensor& state, int64_t decay_code,
@@ -321,8 +260,8 @@ TORCH_LIBRARY_FRAGMENT(ropewkv, m) {
 }
 
 TORCH_LIBRARY_IMPL(ropewkv, CPU, m) {
-  m.impl("wkv7_forward", &wkv7_forward_cpu);
-  m.impl("wkv7_backward", &wkv7_backward_cpu);
+  m.impl("wkv7_forward", &wkv7::cpu_forward<Sequential>);
+  m.impl("wkv7_backward", &wkv7::cpu_backward<Sequential>);
   m.impl("wkv7_step", &wkv7_step_cpu);
 }
 

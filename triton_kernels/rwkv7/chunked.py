@@ -24,8 +24,8 @@ chunk c of sequence n (ST before it, k-major) is slot cu[n] // L + n + c.
 import triton
 import triton.language as tl
 
-from ..decay import log_decay_from_raw, log_decay_from_raw_grad
-from .recurrent import _rne_bf16, checkpoint_slots, launch_grid  # noqa: F401  (checkpoint_slots: re-exported)
+from .recurrent import _log_decay, _rne_bf16, _sequence, launch_grid
+from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
@@ -70,21 +70,6 @@ def _store_rows(ptr, at, x, LOW_PRECISION: tl.constexpr, mask):
     if LOW_PRECISION or ptr.dtype.element_ty == tl.bfloat16:
         x = _rne_bf16(x)
     tl.store(ptr + at, x.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _log_decay(w, DECAY: tl.constexpr):
-    """(log d, d log d / dw) in fp32 for the convention DECAY (0 loglog, 1 raw, 2 log)."""
-    if DECAY == 0:
-        log_d = -tl.exp(w)
-        dlog = log_d
-    elif DECAY == 1:
-        log_d = log_decay_from_raw(w)
-        dlog = log_decay_from_raw_grad(w)
-    else:
-        log_d = w
-        dlog = tl.full(w.shape, 1.0, tl.float32)
-    return log_d, dlog
 
 
 @triton.jit
@@ -166,26 +151,11 @@ def _solve_matrix(Ab, L: tl.constexpr):
 
 
 @triton.jit
-def _program(cu_ptr, T, H, VARLEN: tl.constexpr):
-    """As the recurrent kernel's: (sequence, head) on grid axis 0, cu_seqlens clamped into [0, T] (eos >= bos)."""
-    program = tl.program_id(0).to(tl.int64)
-    n = program // H
-    h = program % H
-    if VARLEN:
-        bos = tl.minimum(tl.maximum(tl.load(cu_ptr + n).to(tl.int64), 0), T)
-        eos = tl.minimum(tl.maximum(tl.load(cu_ptr + n + 1).to(tl.int64), bos), T)
-    else:
-        bos = n * T
-        eos = bos + T
-    return n, h, bos, eos
-
-
-@triton.jit
 def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    n, h, bos, eos = _program(cu_ptr, T, H, VARLEN)
+    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kmaj = offs[:, None] * N + offs[None, :]      # ST[k][v] at k * N + v (checkpoints)
     transposed = offs[:, None] + offs[None, :] * N  # ST[k][v] = S[v][k] at v * N + k (states in and out)
@@ -224,7 +194,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
                         N: tl.constexpr, L: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_GST: tl.constexpr,
                         VARLEN: tl.constexpr):
-    n, h, bos, eos = _program(cu_ptr, T, H, VARLEN)
+    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kmaj = offs[:, None] * N + offs[None, :]
     transposed = offs[:, None] + offs[None, :] * N

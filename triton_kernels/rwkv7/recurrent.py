@@ -58,8 +58,8 @@ def _store_out(ptr, offsets, x, LOW_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _decay(w, DECAY: tl.constexpr):
-    """(d, d log d / dw) in fp32 for the convention DECAY (0 loglog, 1 raw, 2 log)."""
+def _log_decay(w, DECAY: tl.constexpr):
+    """(log d, d log d / dw) in fp32 for the convention DECAY (0 loglog, 1 raw, 2 log); the chunked kernel's too."""
     if DECAY == 0:
         log_d = -tl.exp(w)
         dlog = log_d
@@ -69,12 +69,19 @@ def _decay(w, DECAY: tl.constexpr):
     else:
         log_d = w
         dlog = tl.full(w.shape, 1.0, tl.float32)
+    return log_d, dlog
+
+
+@triton.jit
+def _decay(w, DECAY: tl.constexpr):
+    """(d, d log d / dw) in fp32 for the convention DECAY."""
+    log_d, dlog = _log_decay(w, DECAY)
     return tl.exp(log_d), dlog
 
 
 @triton.jit
-def _program(cu_ptr, T, H, N: tl.constexpr, VARLEN: tl.constexpr):
-    """This program's sequence n, head h, token range [bos, eos), the index vector and the N x N block offsets.
+def _sequence(cu_ptr, T, H, VARLEN: tl.constexpr):
+    """This program's sequence n, head h and token range [bos, eos); the chunked kernel's too.
     (sequence, head) is grid axis 0 (axis 1 holds at most 65,535 programs). cu_seqlens values are clamped as the CUDA
     twin does (into [0, T], eos >= bos): malformed offsets, which Python cannot check under torch.compile without a
     host sync, then give wrong sequences but never an out-of-bounds address."""
@@ -87,6 +94,13 @@ def _program(cu_ptr, T, H, N: tl.constexpr, VARLEN: tl.constexpr):
     else:
         bos = n * T
         eos = bos + T
+    return n, h, bos, eos
+
+
+@triton.jit
+def _program(cu_ptr, T, H, N: tl.constexpr, VARLEN: tl.constexpr):
+    """_sequence's (n, h, bos, eos), the index vector and the N x N block offsets."""
+    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     return n, h, bos, eos, offs, offs[:, None] * N + offs[None, :]
 

@@ -21,13 +21,6 @@ CHUNK = 16  # kChunk in csrc/include/ropewkv/wkv7_chunked.h (= the checkpoint in
 
 # ---- the C++ ops (cpu twin): fake kernels and autograd ------------------------------------------------------------
 
-def _setup_context(ctx, inputs, output):
-    r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, _ = inputs
-    ctx.save_for_backward(r, w, k, v, a, b, initial_state, cu_seqlens, output[2])
-    ctx.decay, ctx.precision = decay, precision
-    ctx.has_initial_state = initial_state is not None
-
-
 def _backward(ctx, grad_y, grad_final_state, _grad_checkpoints):
     r, w, k, v, a, b, initial_state, cu_seqlens, checkpoints = ctx.saved_tensors
     if checkpoints.dim() != 5:
@@ -45,7 +38,8 @@ if _backend._C is not None and hasattr(torch.ops.ropewkv, "wkv7_chunked_forward"
     # Same outputs and shapes as the sequential ops (the chunk is the checkpoint interval).
     torch.library.register_fake("ropewkv::wkv7_chunked_forward")(recurrent._fake_forward)
     torch.library.register_fake("ropewkv::wkv7_chunked_backward")(recurrent._fake_backward)
-    torch.library.register_autograd("ropewkv::wkv7_chunked_forward", _backward, setup_context=_setup_context)
+    torch.library.register_autograd("ropewkv::wkv7_chunked_forward", _backward,
+                                    setup_context=recurrent._setup_context)
 
 
 def wkv7_chunked_cpp(r, w, k, v, a, b, initial_state, output_final_state: bool, cu_seqlens, decay_code: int,
@@ -67,13 +61,6 @@ def _kernels():
     return chunked
 
 
-def _checkpoint_shape(r, cu_seqlens, save: bool):
-    if not save:
-        return (0,)
-    slots = _kernels().checkpoint_slots(r.shape[0] * r.shape[1], recurrent._n_seqs(r, cu_seqlens))
-    return (slots, r.shape[2], r.shape[3], r.shape[3])
-
-
 @torch.library.custom_op("ropewkv::wkv7_chunked_triton_fwd", mutates_args=())
 def _triton_fwd(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                 b: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], decay: str,
@@ -81,17 +68,15 @@ def _triton_fwd(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tens
     r, w, k, v, a, b = (x.contiguous() for x in (r, w, k, v, a, b))
     y = _backend.new_output(r.shape, r.dtype, r.device)
     final_state = _backend.new_output(recurrent._state_shape(r, cu_seqlens), torch.float32, r.device)
-    checkpoints = _backend.new_output(_checkpoint_shape(r, cu_seqlens, save), torch.float32, r.device)
+    checkpoints = _backend.new_output(recurrent._checkpoint_shape(r, cu_seqlens, save), torch.float32, r.device)
     low = precision == "bf16"
     _kernels().wkv7_forward(r, w, k, v, a, b, None if initial_state is None else initial_state.contiguous(),
                             cu_seqlens, y, final_state, checkpoints if save else None, decay, low, low)
     return y, final_state, checkpoints
 
 
-@torch.library.register_fake("ropewkv::wkv7_chunked_triton_fwd")
-def _triton_fwd_fake(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save):
-    return (torch.empty_like(r), r.new_empty(recurrent._state_shape(r, cu_seqlens), dtype=torch.float32),
-            r.new_empty(_checkpoint_shape(r, cu_seqlens, save), dtype=torch.float32))
+# The recurrent twin's checkpoint slots, so its fake kernels and autograd serve here too.
+torch.library.register_fake("ropewkv::wkv7_chunked_triton_fwd")(recurrent._wkv7_fwd_fake)
 
 
 @torch.library.custom_op("ropewkv::wkv7_chunked_triton_bwd", mutates_args=())
@@ -109,33 +94,10 @@ def _triton_bwd(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return grads + [grad_initial]
 
 
-@torch.library.register_fake("ropewkv::wkv7_chunked_triton_bwd")
-def _triton_bwd_fake(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, decay, precision):
-    grads = [torch.empty_like(x) for x in (r, w, k, v, a, b)]
-    return grads + [r.new_empty(recurrent._state_shape(r, cu_seqlens), dtype=torch.float32)]
-
-
-def _triton_setup_context(ctx, inputs, output):
-    r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save = inputs
-    ctx.save_for_backward(r, w, k, v, a, b, cu_seqlens, output[2])
-    ctx.decay, ctx.precision, ctx.save = decay, precision, save
-    ctx.has_initial_state = initial_state is not None
-
-
-def _triton_backward(ctx, grad_y, grad_final, _grad_checkpoints):
-    r, w, k, v, a, b, cu_seqlens, checkpoints = ctx.saved_tensors
-    if not ctx.save:
-        raise RuntimeError("wkv7 chunked (triton): backward through a forward that saved no checkpoints (it ran with "
-                           "no input requiring grad, or with grad mode off)")
-    if grad_y is None:
-        grad_y = torch.zeros_like(r)
-    *grads, grad_initial = _triton_bwd(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, ctx.decay,
-                                       ctx.precision)
-    return (*grads, grad_initial if ctx.has_initial_state else None, None, None, None, None)
-
-
-torch.library.register_autograd("ropewkv::wkv7_chunked_triton_fwd", _triton_backward,
-                                setup_context=_triton_setup_context)
+torch.library.register_fake("ropewkv::wkv7_chunked_triton_bwd")(recurrent._wkv7_bwd_fake)
+torch.library.register_autograd("ropewkv::wkv7_chunked_triton_fwd",
+                                recurrent._triton_backward_of(_triton_bwd, "wkv7 chunked (triton)"),
+                                setup_context=recurrent._triton_setup_context)
 
 
 def wkv7_chunked_triton(r, w, k, v, a, b, initial_state, output_final_state: bool, cu_seqlens, decay: str,

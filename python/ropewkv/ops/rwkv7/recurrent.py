@@ -125,26 +125,32 @@ def _wkv7_bwd_fake(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final
     return grads + [r.new_empty(_state_shape(r, cu_seqlens), dtype=torch.float32)]
 
 
-def _setup_context(ctx, inputs, output):
+def _triton_setup_context(ctx, inputs, output):
     r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save = inputs
     ctx.save_for_backward(r, w, k, v, a, b, cu_seqlens, output[2])
     ctx.decay, ctx.precision, ctx.save = decay, precision, save
     ctx.has_initial_state = initial_state is not None
 
 
-def _backward(ctx, grad_y, grad_final, _grad_checkpoints):
-    r, w, k, v, a, b, cu_seqlens, checkpoints = ctx.saved_tensors
-    if not ctx.save:
-        raise RuntimeError("wkv7_triton: backward through a forward that saved no checkpoints (it ran with no input "
-                           "requiring grad, or with grad mode off)")
-    if grad_y is None:
-        grad_y = torch.zeros_like(r)
-    *grads, grad_initial = _wkv7_bwd(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, ctx.decay,
-                                     ctx.precision)
-    return (*grads, grad_initial if ctx.has_initial_state else None, None, None, None, None)
+def _triton_backward_of(bwd_op, op_name: str):
+    """The autograd backward of a Triton forward op set up by _triton_setup_context, computed by bwd_op (shared with
+    the chunked twin)."""
+    def backward(ctx, grad_y, grad_final, _grad_checkpoints):
+        r, w, k, v, a, b, cu_seqlens, checkpoints = ctx.saved_tensors
+        if not ctx.save:
+            raise RuntimeError(f"{op_name}: backward through a forward that saved no checkpoints (it ran with no input "
+                               "requiring grad, or with grad mode off)")
+        if grad_y is None:
+            grad_y = torch.zeros_like(r)
+        *grads, grad_initial = bwd_op(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, ctx.decay,
+                                      ctx.precision)
+        return (*grads, grad_initial if ctx.has_initial_state else None, None, None, None, None)
+
+    return backward
 
 
-torch.library.register_autograd("ropewkv::wkv7_triton_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("ropewkv::wkv7_triton_fwd", _triton_backward_of(_wkv7_bwd, "wkv7_triton"),
+                                setup_context=_triton_setup_context)
 
 
 def _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision) -> None:
