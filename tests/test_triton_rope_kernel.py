@@ -252,11 +252,17 @@ def test_low_precision_reproduces_eager(device, dtype, interleaved):
         assert torch.equal(got, want_k)
 
 
-def test_low_precision_fp32_is_fp32_math(device):
+def test_low_precision_fp32_is_hf_arithmetic_as_on_the_cpu_twin(device):
+    """precision="bf16" with fp32 I/O is HF's eager fp32 arithmetic (rounded products and sum, no compensation), as the
+    C++ twins compute it: the Triton kernel's bits equal the CPU twin's, and differ from the compensated fp32 mode."""
+    import ropewkv
+
     gen = seeded(10)
-    q = rope_input(2, 4, 2, 64, torch.float32, generator=gen, device=device)
+    q = rope_input(2, 64, 4, 64, torch.float32, generator=gen, device=device)
     inv_freq = rope_inv_freq(64, device=device)
-    assert torch.equal(rope(q, None, inv_freq, low_precision=True)[0], rope(q, None, inv_freq)[0])
+    got = rope(q, None, inv_freq, low_precision=True)[0].cpu()
+    assert torch.equal(got, ropewkv.rope(q.cpu(), inv_freq=inv_freq.cpu(), precision="bf16", backend="cpu"))
+    assert not torch.equal(got, rope(q, None, inv_freq)[0].cpu())
 
 
 @pytest.mark.parametrize("dtype,table_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float32),
