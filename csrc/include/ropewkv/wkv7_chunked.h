@@ -85,6 +85,20 @@ struct Chunk {
   acc_t* e(int x, int y) { return &E[(int64_t(x) * (x + 1) / 2 + y) * n]; }
 
   // Everything that does not depend on the state: decays, scaled rows and the four masked decay products.
+  // (sum_j x_j e_j b_j, sum_j x_j e_j k_j): a row x times the pair decay e against b and k, in one pass.
+  void decayed_dots(const acc_t* x, const acc_t* e_row, const acc_t* bm, const acc_t* km, acc_t* sb_out,
+                    acc_t* sk_out) const {
+    acc_t sb = 0, sk = 0;
+    ROPEWKV_PRAGMA(omp simd reduction(+ : sb, sk))
+    for (int64_t j = 0; j < n; ++j) {
+      const acc_t xe = x[j] * e_row[j];
+      sb += xe * bm[j];
+      sk += xe * km[j];
+    }
+    *sb_out = sb;
+    *sk_out = sk;
+  }
+
   void prepare() {
     // E[x][y] = d_{y+1} ... d_x as a running product over exactly that range (E[x][x] = 1): one multiply per entry
     // instead of an exp, each factor the decay the sequential form multiplies by.
@@ -115,28 +129,8 @@ struct Chunk {
     for (int l = 0; l < len; ++l) {
       for (int m = 0; m <= l; ++m) {
         const acc_t *bm = &b[m * n], *km = &k[m * n];
-        if (m < l) {
-          const acc_t *al = &a[l * n], *em = e(l, m + 1);
-          acc_t sb = 0, sk = 0;
-          ROPEWKV_PRAGMA(omp simd reduction(+ : sb, sk))
-          for (int64_t j = 0; j < n; ++j) {
-            const acc_t x = al[j] * em[j];
-            sb += x * bm[j];
-            sk += x * km[j];
-          }
-          Ab[l * kChunk + m] = sb;
-          Ak[l * kChunk + m] = sk;
-        }
-        const acc_t *rl = &r[l * n], *eq = e(l + 1, m + 1);
-        acc_t sb = 0, sk = 0;
-        ROPEWKV_PRAGMA(omp simd reduction(+ : sb, sk))
-        for (int64_t j = 0; j < n; ++j) {
-          const acc_t x = rl[j] * eq[j];
-          sb += x * bm[j];
-          sk += x * km[j];
-        }
-        Qb[l * kChunk + m] = sb;
-        Qk[l * kChunk + m] = sk;
+        if (m < l) decayed_dots(&a[l * n], e(l, m + 1), bm, km, &Ab[l * kChunk + m], &Ak[l * kChunk + m]);
+        decayed_dots(&r[l * n], e(l + 1, m + 1), bm, km, &Qb[l * kChunk + m], &Qk[l * kChunk + m]);
       }
     }
   }
