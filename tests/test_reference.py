@@ -63,6 +63,13 @@ def test_token_positions_offsets_and_varlen():
         3, 4, 0, 1, 2, 7]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="offsets on a second device (the GPU machine's decode shapes)")
+def test_token_positions_takes_offsets_on_the_gpu():
+    """The decode benchmark and the reference backend pass CUDA offsets; the positions are built on the CPU."""
+    pos = rope_ref.token_positions(2, 3, seqlen_offsets=torch.tensor([0, 10], device="cuda"))
+    assert pos.tolist() == [[0, 1, 2], [10, 11, 12]]
+
+
 def test_thd_reference_equals_per_sequence_bshd():
     cu = torch.tensor([0, 3, 8])
     x = torch.randn(8, 2, 16, dtype=F64, generator=seeded(3))

@@ -26,14 +26,15 @@ def default_inv_freq(dim: int, base: float = 10000.0, dtype: torch.dtype = torch
 
 def token_positions(batch: int, seqlen: int, positions: Optional[torch.Tensor] = None, seqlen_offsets=0,
                     cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The absolute position of every token, as int64: [batch, seqlen], or [total_tokens] when cu_seqlens is given.
+    """The absolute position of every token, as int64 on the CPU (whatever the device of the offsets): [batch, seqlen],
+    or [total_tokens] when cu_seqlens is given.
 
     - positions (broadcastable to [batch, seqlen], or [T] for packed varlen) wins when given; offsets add to it.
     - otherwise token s of a sequence has position s;
     - seqlen_offsets (int or [batch] / [n_seqs] tensor) is added per sequence (KV cache, context-parallel shard).
     For packed varlen (cu_seqlens), the position restarts at 0 at each cu_seqlens boundary.
     """
-    offsets = torch.as_tensor(seqlen_offsets, dtype=torch.int64)
+    offsets = torch.as_tensor(seqlen_offsets, dtype=torch.int64).cpu()  # positions are built on the CPU
     if cu_seqlens is not None:
         cu = cu_seqlens.to(torch.int64).cpu()
         lengths = cu[1:] - cu[:-1]
