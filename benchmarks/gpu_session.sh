@@ -51,7 +51,7 @@ SAN_TESTS=(
     "tests/test_wkv7.py::test_step_equals_one_token_and_updates_in_place[loglog]"
     "tests/test_decay.py::test_non_contiguous_and_empty"
 )
-export PY DEVICE WORK OUT PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PY DEVICE WORK OUT PYTHONUNBUFFERED=1 ROPEWKV_FAILURES_NOW=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export TMPDIR=$ROOT/build/tmp TRITON_CACHE_DIR=$ROOT/build/triton TORCHINDUCTOR_CACHE_DIR=$ROOT/build/inductor
 unset TRITON_INTERPRET  # real Triton on the GPU (and no Triton twin in the CPU dry run)
 if [[ $DEVICE == cuda ]]; then
@@ -60,7 +60,8 @@ if [[ $DEVICE == cuda ]]; then
 else
     EXPECTED_BACKEND=cpu
 fi
-if [[ -d /tmp/site ]]; then export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; fi
+# The wheels step installs the peers there; every later step (a fresh bash) must see them, so export it up front.
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 
 # ---- the steps -------------------------------------------------------------------------------------------------------
 environment() {

@@ -26,3 +26,11 @@ def device() -> torch.device:
 def kernel_backends(device) -> list:
     """Every kernel twin that can run on `device` (the eager reference is the oracle, not a twin)."""
     return [b for b in ropewkv.available_backends(device) if b != "reference"]
+
+
+def pytest_runtest_logreport(report):
+    """ROPEWKV_FAILURES_NOW=1 (benchmarks/gpu_session.sh): each failure is printed as it happens, so that a crash later
+    in the file (a segfault ends pytest before its summary, as on the H200 on 2026-11-26) cannot hide which tests
+    failed and why."""
+    if os.environ.get("ROPEWKV_FAILURES_NOW") == "1" and report.failed:
+        print(f"\nFAILED NOW {report.nodeid} ({report.when}):\n{report.longreprtext[-3000:]}", flush=True)
