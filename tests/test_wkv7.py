@@ -94,6 +94,8 @@ def test_head_sizes(device, head_size):
     for backend in kernel_backends(device):
         if backend == "triton" and not torch.cuda.is_available() and head_size > 64:
             continue  # interpreted cost; the GPU run covers it
+        if backend == "cuda" and head_size == 256:
+            continue  # the CUDA twin stops at 128: test_head_size_256_on_cuda_routes_to_triton_or_says_why
         check_against_oracle(device, backend, (1, 18, 1, head_size), torch.bfloat16, "loglog", "fp32", seed=9)
 
 
@@ -165,11 +167,13 @@ def test_step_equals_one_token_and_updates_in_place(device, decay):
         assert state.data_ptr() == pointer
         first_state = inputs["initial_state"].clone()
         y_first = ops.wkv7_step(*(x[:, 0] for x in xs), first_state, decay=decay, backend=backend)
-        # The step and the sequence kernel do the same fp32 operations for one token.
-        torch.testing.assert_close(y_first, y1[:, 0], rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(first_state, s1, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(torch.stack(ys, 1), y_all, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(state, s_all, rtol=1e-5, atol=1e-5)
+        # The step and the sequence kernel compute the same fp32 recurrence, but not in the same order on a GPU (the
+        # decode kernel splits its dot products across lanes differently, compiled Triton reduces in trees): a few fp32
+        # roundings apart, as test_state_passing_matches_one_run bounds them. Element-wise rtol/atol 1e-6 failed on the
+        # H200 (2026-11-26) for every decay convention.
+        for name, got, expected in [("y first", y_first, y1[:, 0]), ("state first", first_state, s1),
+                                    ("y", torch.stack(ys, 1), y_all), ("state", state, s_all)]:
+            assert rms_ratio(got, expected) < 1e-6, (backend, name)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
