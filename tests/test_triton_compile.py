@@ -52,3 +52,19 @@ def test_kernels_compile_for_sm90(case):
     assert launches, "the launcher launched nothing"
     for launch in launches:
         assert ".entry" in ptx_for_sm90(*launch)
+
+
+def test_log_decay_has_no_approximate_exp_or_division():
+    """Compiled, tl.exp is ex2.approx(x * log2 e) (18 ulps at x = -87 on the H200) and `/` is div.full.f32 (2 ulps):
+    the log decay takes the shared exp polynomial and div_rn instead (triton_kernels/decay.py)."""
+    if _common.INTERPRETING:
+        run_without_interpreter(__file__, "test_log_decay_has_no_approximate_exp_or_division")
+        return
+    with captured_launches() as launches:
+        CASES["decay"]()
+    assert len(launches) == 2
+    for launch in launches:
+        ptx = ptx_for_sm90(*launch)
+        assert "div.rn.f32" in ptx
+        for approximate in ("ex2.approx", "div.full", "div.approx", "rcp.approx"):
+            assert approximate not in ptx, (launch[0].fn.__name__, approximate)

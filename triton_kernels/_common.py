@@ -1,4 +1,5 @@
-"""Shared Triton helpers: the interpreter flag and the one dot product every kernel routes through."""
+"""Shared Triton helpers: the interpreter flag, the one dot product every kernel routes through, and the exact fp32
+building blocks (a single-rounding fma, C's rintf) that the shared math headers' polynomials are mirrored with."""
 import os
 
 import triton
@@ -19,3 +20,22 @@ def dot(a, b, LOW_PRECISION: tl.constexpr, INTERPRETING: tl.constexpr):
                           input_precision="ieee")
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), out_dtype=tl.float32)
     return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
+
+@triton.jit
+def fma(x, y, z, INTERPRETING: tl.constexpr):
+    """x * y + z rounded once (x an fp32 tensor; y, z fp32 tensors or fp32-exact constants). The interpreter's tl.fma
+    rounds the product first (numpy has no fma), so there it is done in fp64: the fp32 product is exact there, and the
+    sum rounds twice, which can differ from a true fma by one ulp in rare ties (~1 in 2^29)."""
+    if INTERPRETING:
+        return (x.to(tl.float64) * y + z).to(tl.float32)
+    return tl.fma(x, y, z)
+
+
+@triton.jit
+def rint(x):
+    """x rounded to the nearest integer, ties to even (C rintf): |x| < 2^23 plus and minus 2^23 rounds at the units
+    (exact otherwise, no contraction); larger |x| are integers already."""
+    a = tl.abs(x)
+    r = tl.where(a < 8388608.0, (a + 8388608.0) - 8388608.0, a)
+    return tl.where(x < 0, -r, r)

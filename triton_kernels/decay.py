@@ -1,18 +1,62 @@
-"""Triton twin of the RWKV-7 raw decay: log d = -e^{-0.5} * sigmoid(x), computed in fp32."""
+"""Triton twin of the RWKV-7 raw decay: log d = -e^{-0.5} * sigmoid(x), computed in fp32.
+
+The math is ropewkv/decay.h's, operation for operation: e^x by its exp_poly (not tl.exp, which compiles to
+ex2.approx(x * log2 e) and loses ~|x| ulps: 18 ulps at x = -87 on an H200) and correctly rounded divisions (tl.div_rn:
+Triton's `/` compiles to the approximate div.full.f32), so the CPU and Triton twins compute the same fp32 bits (launched without a*b+c contraction, which would fuse
+1 + e^x's last product).
+"""
 import triton
 import triton.language as tl
 
+from ._common import INTERPRETING, fma, rint
+
 EXP_MINUS_HALF = tl.constexpr(0.60653065971263342)  # e^{-1/2}; jit globals must be constexpr
+_INTERPRETING = tl.constexpr(INTERPRETING)
+# exp_poly's constants (ropewkv/decay.h) as the fp32 values its literals round to: 1/ln2, ln2 = C1 + C2, Cephes' expf
+# coefficients.
+LOG2_E = tl.constexpr(float.fromhex("0x1.715476p+0"))
+LN2_C1 = tl.constexpr(0.693359375)
+LN2_C2 = tl.constexpr(float.fromhex("-0x1.bd0106p-13"))
+EXP_P0 = tl.constexpr(float.fromhex("0x1.a0d2cep-13"))
+EXP_P1 = tl.constexpr(float.fromhex("0x1.6e879cp-10"))
+EXP_P2 = tl.constexpr(float.fromhex("0x1.111210p-7"))
+EXP_P3 = tl.constexpr(float.fromhex("0x1.555382p-5"))
+EXP_P4 = tl.constexpr(float.fromhex("0x1.555554p-3"))
+EXP_P5 = tl.constexpr(0.5)  # 5.0000001201e-1f rounds to 0.5
 BLOCK = 1024
+
+
+@triton.jit
+def _power_of_two(n):
+    """2^n as fp32 bits, for integer n in [-126, 127]."""
+    return ((n + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def exp_poly(x):
+    """e^x in fp32: ropewkv/decay.h's exp_poly (Cody-Waite reduction, Cephes' polynomial in fma Horner form, times 2^n
+    as two exact powers of two), the same operations in the same order. NaN stays NaN."""
+    x = tl.where(x < -104.0, -104.0, tl.where(x > 89.0, 89.0, x))
+    n = rint(x * LOG2_E)
+    r = fma(-n, LN2_C1, x, _INTERPRETING)
+    r = fma(-n, LN2_C2, r, _INTERPRETING)
+    p = fma(r, EXP_P0, EXP_P1, _INTERPRETING)
+    p = fma(p, r, EXP_P2, _INTERPRETING)
+    p = fma(p, r, EXP_P3, _INTERPRETING)
+    p = fma(p, r, EXP_P4, _INTERPRETING)
+    p = fma(p, r, EXP_P5, _INTERPRETING)
+    p = fma(p * r, r, r, _INTERPRETING) + 1.0
+    whole = tl.where(n == n, n, 0.0).to(tl.int32)  # in [-150, 128]
+    half = whole >> 1
+    return p * _power_of_two(half) * _power_of_two(whole - half)
 
 
 @triton.jit
 def sigmoid_pair(x):
     """(sigmoid(x), sigmoid(-x)), each relative-precise for any |x| (tl.sigmoid underflows for x << 0)."""
-    e = tl.exp(-tl.abs(x))
-    big = 1.0 / (1.0 + e)
-    small = e / (1.0 + e)
-    return tl.where(x >= 0, big, small), tl.where(x >= 0, small, big)
+    e = exp_poly(-tl.abs(x))
+    one_plus_e = 1.0 + e
+    return (tl.div_rn(tl.where(x >= 0, 1.0, e), one_plus_e), tl.div_rn(tl.where(x >= 0, e, 1.0), one_plus_e))
 
 
 @triton.jit
@@ -48,7 +92,7 @@ def log_decay_forward(x, out):
     """x: contiguous, any float dtype; out: contiguous fp32 of x's shape."""
     n = x.numel()
     if n:
-        _log_decay_forward_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, BLOCK=BLOCK)
+        _log_decay_forward_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, BLOCK=BLOCK, enable_fp_fusion=False)
     return out
 
 
@@ -56,5 +100,6 @@ def log_decay_backward(grad, x, grad_x):
     """grad: contiguous fp32; x, grad_x: contiguous, x's dtype."""
     n = x.numel()
     if n:
-        _log_decay_backward_kernel[(triton.cdiv(n, BLOCK),)](grad, x, grad_x, n, BLOCK=BLOCK)
+        _log_decay_backward_kernel[(triton.cdiv(n, BLOCK),)](grad, x, grad_x, n, BLOCK=BLOCK,
+                                                             enable_fp_fusion=False)
     return grad_x

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRETING
+from ._common import INTERPRETING, fma, rint
 
 # 2pi split into three fp32 parts (exact decomposition computed with mpmath), and fp32(1/2pi). Globals read in
 # @triton.jit code must be tl.constexpr when compiled.
@@ -46,28 +46,11 @@ HEAD_BLOCK_ELEMENTS = 2048
 
 
 @triton.jit
-def _fma(x, y, z, INTERPRETING: tl.constexpr):
-    """x * y + z rounded once (x an fp32 tensor; y, z fp32 tensors or fp32-exact constants)."""
-    if INTERPRETING:  # x * y promotes to fp64, where it is exact; the sum is fp64 too (rounded twice, see above)
-        return (x.to(tl.float64) * y + z).to(tl.float32)
-    return tl.fma(x, y, z)
-
-
-@triton.jit
-def _rint(x):
-    """x rounded to the nearest integer, ties to even (C rintf): |x| < 2^23 plus and minus 2^23 rounds at the units
-    (exact otherwise, no contraction); larger |x| are integers already."""
-    a = tl.abs(x)
-    r = tl.where(a < 8388608.0, (a + 8388608.0) - 8388608.0, a)
-    return tl.where(x < 0, -r, r)
-
-
-@triton.jit
 def _diff_of_products(a, b, c, d, INTERPRETING: tl.constexpr):
     """a b - c d, compensated: ropewkv/rope.h's diff_of_products, the same operations in the same order."""
     cd = c * d
-    cd_error = _fma(-c, d, cd, INTERPRETING)
-    return _fma(a, b, -cd, INTERPRETING) + tl.where(cd_error == cd_error, cd_error, 0.0)
+    cd_error = fma(-c, d, cd, INTERPRETING)
+    return fma(a, b, -cd, INTERPRETING) + tl.where(cd_error == cd_error, cd_error, 0.0)
 
 
 @triton.jit
@@ -84,11 +67,11 @@ def _round_to(x, dtype: tl.constexpr, INTERPRETING: tl.constexpr):
 def _reduced_angle(pf, f, INTERPRETING: tl.constexpr):
     """pf * f (both fp32, the product taken exactly) reduced modulo 2pi to about [-pi, pi]."""
     p = pf * f
-    e = _fma(pf, f, -p, INTERPRETING)
-    n = _rint(p * INV_TWO_PI)
-    r = _fma(-n, TWO_PI_HI, p, INTERPRETING)
-    r = _fma(-n, TWO_PI_MID, r, INTERPRETING)
-    r = _fma(-n, TWO_PI_LO, r, INTERPRETING)
+    e = fma(pf, f, -p, INTERPRETING)
+    n = rint(p * INV_TWO_PI)
+    r = fma(-n, TWO_PI_HI, p, INTERPRETING)
+    r = fma(-n, TWO_PI_MID, r, INTERPRETING)
+    r = fma(-n, TWO_PI_LO, r, INTERPRETING)
     return r + e
 
 
@@ -96,16 +79,16 @@ def _reduced_angle(pf, f, INTERPRETING: tl.constexpr):
 def _sincos(r, INTERPRETING: tl.constexpr):
     """(sin r, cos r) of a reduced angle |r| <= ~pi: ropewkv/rope.h's sincos_poly, operation for operation (its
     comments give the derivation and the 0.85 ulp bound), so that every twin computes the same bits."""
-    q = _rint(r * TWO_OVER_PI)
-    yh = _fma(-q, QUARTER_TWO_PI_HI, r, INTERPRETING)
-    yl = _fma(-q, QUARTER_TWO_PI_LO, -q * QUARTER_TWO_PI_MID, INTERPRETING)
+    q = rint(r * TWO_OVER_PI)
+    yh = fma(-q, QUARTER_TWO_PI_HI, r, INTERPRETING)
+    yl = fma(-q, QUARTER_TWO_PI_LO, -q * QUARTER_TWO_PI_MID, INTERPRETING)
     y = yh + yl
     z = y * y
-    sp = yh + _fma(y * z, _fma(_fma(z, SIN_P0, SIN_P1, INTERPRETING), z, SIN_P2, INTERPRETING), yl, INTERPRETING)
+    sp = yh + fma(y * z, fma(fma(z, SIN_P0, SIN_P1, INTERPRETING), z, SIN_P2, INTERPRETING), yl, INTERPRETING)
     zh = yh * yh
-    ze = _fma(yh, yh, -zh, INTERPRETING)
-    cq = _fma(_fma(z, COS_Q0, COS_Q1, INTERPRETING), z, COS_Q2, INTERPRETING)
-    cp = 1.0 + _fma(zh, -0.5, _fma(z * z, cq, _fma(-yh, yl, -0.5 * ze, INTERPRETING), INTERPRETING), INTERPRETING)
+    ze = fma(yh, yh, -zh, INTERPRETING)
+    cq = fma(fma(z, COS_Q0, COS_Q1, INTERPRETING), z, COS_Q2, INTERPRETING)
+    cp = 1.0 + fma(zh, -0.5, fma(z * z, cq, fma(-yh, yl, -0.5 * ze, INTERPRETING), INTERPRETING), INTERPRETING)
     quadrant = tl.where(tl.abs(q) < 4194304.0, q, 0.0).to(tl.int32) & 3
     sin_y = tl.where((quadrant & 1) != 0, cp, sp)
     cos_y = tl.where((quadrant & 1) != 0, sp, cp)
