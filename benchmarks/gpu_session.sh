@@ -3,8 +3,9 @@
 #   run(command="ROPEWKV_COMMIT=<sha> bash benchmarks/gpu_session.sh", carry=[".whl"], timeout_s=600)
 #
 # PLAN=main (default), in priority order: env -> wheels -> build (asserts the `cuda` backend loaded) -> parity on cuda
-#   and triton -> RWKV-7 decode and log-decay rows -> RoPE training-shape rows (ropewkv, eager HF, Liger) -> host
-#   overhead at decode -> the other WKV7 rows (the long ones last) -> the other RoPE rows -> pytest, one step per test
+#   and triton -> RWKV-7 training-shape rows (B8 T4096, no torch.compile) -> decode and log-decay rows -> RoPE
+#   training-shape and decode rows (ropewkv, eager HF, Liger) -> host overhead at decode -> the other WKV7 rows
+#   (torch.compile, the eager-sized shape) -> the other RoPE rows -> pytest, one step per test
 #   file (tests/test_*.py: a new file is picked up), each under pytest-timeout.
 # PLAN=tests: env -> wheels -> build -> the pytest steps alone (a second call, when the first ran out of time for them).
 # PLAN=sanitize: env -> build -> compute-sanitizer memcheck, racecheck, initcheck, synccheck over SAN_TESTS (a handful
@@ -146,10 +147,12 @@ main | tests)
     plan wheels 20 install_wheels
     plan build 240 build
     if [[ $PLAN == main ]]; then
-        plan parity 60 "$PY" -m ropewkv parity --device "$DEVICE"
+        plan parity 150 "$PY" -m ropewkv parity --device "$DEVICE"
         # --no-compile: the torch.compile rows (a compile each) come with the rest, by --append
-        plan rwkv7-decode 60 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes decode,log_decay
-        plan rope-train 45 "$PY" benchmarks/rope.py "${BENCH[@]}" --no-compile --shapes train \
+        # The training shapes first: on the H200 (2026-11-26) the compile rows ate rwkv7-rest's time before them.
+        plan rwkv7-train 150 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes "B8 T4096"
+        plan rwkv7-decode 45 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes decode,log_decay --append
+        plan rope-train 60 "$PY" benchmarks/rope.py "${BENCH[@]}" --no-compile --shapes train,decode \
             --only "ropewkv,eager HF,Liger"
         plan host-overhead 20 "$PY" benchmarks/host_overhead.py "${BENCH[@]}"
         plan rwkv7-rest 120 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --append

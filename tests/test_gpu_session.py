@@ -26,8 +26,8 @@ def dry_run(out, **env) -> tuple:
 def test_main_plan_runs_every_step_in_order(tmp_path):
     out, steps = dry_run(tmp_path / "out", TOTAL_S="400")
     planned = re.findall(r"^- ([^:]+): \d+s$", out.split("## GPU session plan")[1].split("===")[0], flags=re.M)
-    expected = ["env", "wheels", "build", "parity", "rwkv7-decode", "rope-train", "host-overhead", "rwkv7-rest",
-                "rope-rest"] + [f"pytest {f}" for f in TESTS.split()]
+    expected = ["env", "wheels", "build", "parity", "rwkv7-train", "rwkv7-decode", "rope-train", "host-overhead",
+                "rwkv7-rest", "rope-rest"] + [f"pytest {f}" for f in TESTS.split()]
     assert planned == expected, out
     assert [s for s in steps if s in expected] == expected, steps  # the summary lists every step, in order
     for name in ("env", "wheels", "build", "parity"):
