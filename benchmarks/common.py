@@ -142,9 +142,12 @@ def _seconds(call: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def time_calls(calls: Sequence[Callable[[], object]], device: torch.device, quick: bool = False) -> float:
+def time_calls(calls: Sequence[Callable[[], object]], device: torch.device, quick: bool = False,
+               host_per_call: Optional[list] = None) -> float:
     """Median seconds per call, cycling over `calls` (one closure per rotated input set). Repeats: 25 (quick: 5),
-    fewer (down to 5) when they would take more than ~2 s (quick: 0.3 s), e.g. the eager loops."""
+    fewer (down to 5) when they would take more than ~2 s (quick: 0.3 s), e.g. the eager loops.
+    On a GPU, host_per_call (a list) gets the host's seconds per call while issuing the timed calls: where it comes
+    close to the returned time, the GPU waited for the host and the figure measures the host, not the kernels."""
     n = len(calls)
     warmup, max_repeats, budget = (2, 5, 0.3) if quick else (5, 25, 2.0)
     for i in range(warmup):
@@ -157,12 +160,15 @@ def time_calls(calls: Sequence[Callable[[], object]], device: torch.device, quic
     repeats = max(5, min(max_repeats, int(budget / (per_call * batch))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
     k = 0
+    issue_start = time.perf_counter()
     for begin, end in events:
         begin.record()
         for _ in range(batch):
             calls[k % n]()
             k += 1
         end.record()
+    if host_per_call is not None:
+        host_per_call.append((time.perf_counter() - issue_start) / k)
     sync(device)
     return statistics.median(b.elapsed_time(e) / 1e3 / batch for b, e in events)
 
@@ -274,7 +280,10 @@ def time_modes(work: Work, device: torch.device, quick: bool) -> dict:
 
                 def make(args, grads, with_forward=(mode == "fwd+bwd")):
                     return _backward_call(work.fn, args, grads, with_forward)
-            results[mode] = time_calls([make(a, g) for a, g in sets], device, quick)
+            host = []
+            results[mode] = time_calls([make(a, g) for a, g in sets], device, quick, host)
+            if host:
+                results[f"{mode} host"] = host[0]
         except Exception as error:
             results[mode] = describe_failure(error)
         sync(device)
@@ -303,6 +312,9 @@ def measure(session: "Session", *, shape: str, impl: str, work: Work, bytes_per_
     device, quick, copy_bps = session.device, session.args.quick, session.copy_bps
     timings = time_modes(work, device, quick)
     row = {"shape": shape, "impl": impl, "rel_err": timings.pop("rel_err", None)}
+    for mode in work.modes:  # host seconds per call while the timed calls were issued (GPU only; see time_calls)
+        if f"{mode} host" in timings:
+            row[f"{KEY[mode]}_host_us"] = timings.pop(f"{mode} host") * 1e6
     for mode, value in timings.items():
         k = KEY[mode]
         if not isinstance(value, float):
