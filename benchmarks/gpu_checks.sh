@@ -8,10 +8,13 @@
 #   3. compute-sanitizer memcheck, racecheck, initcheck and synccheck over the CUDA twin at small shapes: the edge
 #      cases without the 2^31 ones, and the bad-input/zero-size/NaN tests, which reach the kernels with odd shapes.
 #      (gpu_session.sh runs the same tools over the whole CUDA test suite; this covers the edge shapes.)
+#   4. backtrace: tests/test_wkv7.py under cuda-gdb (it debugs host code there), which prints the native stack if the
+#      process crashes: on the H200 (2026-11-26) the file died with a segfault in test_cpp_guards_behind_python.
 # Logs go to $OUT (default build/gpu-checks): gpu_checks.log (steps 1-2 and the summary) and sanitizer_edges.log
 # (step 3, one "ERROR SUMMARY" line per tool). Exit status: 0 when every step passed.
 # Knobs: CHECKS (comma list of edges,reliability,memcheck,racecheck,initcheck,synccheck; default all), PYTHON.
-# Time limits per step: 150 s edges, 120 s reliability, 60 s per sanitizer (510 s in all, inside one device call).
+# Time limits per step: 150 s edges, 120 s reliability, 60 s per sanitizer, 120 s backtrace (630 s in all: more than
+# one device call, so name the steps wanted in CHECKS).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build/gpu-checks}
@@ -19,7 +22,7 @@ mkdir -p "$OUT"
 LOG=$OUT/gpu_checks.log
 SANLOG=$OUT/sanitizer_edges.log
 PY=${PYTHON:-python3}
-CHECKS=${CHECKS:-edges,reliability,memcheck,racecheck,initcheck,synccheck}
+CHECKS=${CHECKS:-edges,reliability,memcheck,racecheck,initcheck,synccheck,backtrace}
 unset TRITON_INTERPRET
 export PYTHONUNBUFFERED=1
 FAILED=()
@@ -50,6 +53,9 @@ for tool in memcheck racecheck initcheck synccheck; do
         --print-limit 20 --target-processes all "${PYTEST[@]}" -x tests/gpu_edge_cases.py \
         tests/test_bad_input.py -k "(cuda and not past_2_31) or zero or empty or nan or inf"
 done
+
+# -batch: run, and on a signal print the stack of every thread, then quit.
+run backtrace 120 "$LOG" cuda-gdb -batch -ex run -ex "thread apply all bt 30" --args "${PYTEST[@]}" tests/test_wkv7.py
 
 {
     echo "## gpu_checks.sh summary ($(date -u '+%Y-%m-%d %H:%M UTC'), ${SECONDS}s, CHECKS=$CHECKS)"

@@ -168,7 +168,7 @@ sanitize)
     ;;
 checks)
     plan build 240 build
-    plan checks 520 checks  # gpu_checks.sh's own limits add to 510 s: run it on a warm machine (built)
+    plan checks 520 checks  # gpu_checks.sh's limits add to 630 s: set CHECKS (e.g. edges,backtrace) to fit; on a warm machine
     ;;
 *)
     echo "PLAN must be main, tests, sanitize or checks, got $PLAN" >&2
