@@ -131,3 +131,18 @@ def test_triton_rope_neox_and_gptj_are_16_byte():
     assert report.sixteen_byte_failures([neox, gptj], not_yet=set()) == []
     # ... and it can fail: a kernel listed as not yet 16-byte that is, is reported.
     assert report.sixteen_byte_failures([gptj], not_yet={gptj.key})
+
+
+@needs_nvcc
+def test_device_conversions_are_single_instructions():
+    """On the device, precision.h rounds fp32 to bf16 / fp16 and widens fp16 with one hardware conversion each (the
+    host's integer versions cost 6-15 instructions apiece): precision="bf16"'s arithmetic, rounded after every
+    operation, would otherwise be issue-bound."""
+    text, _ = cuda.compile_cubin(ROOT, "tests/data/precision_conversions.cu")
+    opcodes = {name: [i.opcode for i in instructions] for name, instructions in sass.parse(text).items()}
+    bf16 = next(ops for name, ops in opcodes.items() if "rounded_bf16" in name)
+    fp16 = next(ops for name, ops in opcodes.items() if "fp16_round_trip" in name)
+    assert "F2FP.BF16.F32.PACK_AB" in bf16 and "F2F.BF16.F32" not in bf16  # the ALU's packing conversion
+    assert "F2FP.F16.F32.PACK_AB" in fp16 and "HADD2.F32" in fp16
+    for ops in (bf16, fp16):  # the integer versions' masks, compares and rounding adds
+        assert not [op for op in ops if op.split(".")[0] in ("LOP3", "ISETP", "IADD3", "SEL")], ops
