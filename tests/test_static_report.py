@@ -6,6 +6,7 @@ Triton RoPE kernels (Triton's own ptxas, no nvcc needed).
 """
 import dataclasses
 import os
+from collections import Counter
 
 import pytest
 
@@ -98,6 +99,24 @@ def test_only_the_vector_cuda_rope_instantiations_are_judged(test_kernels):
     assert report.is_rope(as_rope("rope_kernel<bf16_t, kFP32, true, false>"))
     assert report.is_rope(as_rope("rope_kernel<float, kBF16, true, true>"))
     assert not report.is_rope(as_rope("rope_kernel<bf16_t, kFP32, false, true>"))
+
+
+def test_vector_decay_kernels_must_move_only_16_byte_vectors():
+    """The decay op's vector kernels (bf16 in, fp32 out: they store twice the bytes they load, which RoPE's criterion
+    rejects) are judged on every global access being 16 bytes wide; its element-wise fallback is not judged."""
+    def decay(name, accesses):
+        loaded = sum(16 * n for access, n in accesses.items() if access.startswith("LDG"))
+        stored = sum(16 * n for access, n in accesses.items() if access.startswith("STG"))
+        path = sass.Path(10, loaded, stored, stored, Counter(accesses))
+        return kernels.Kernel(f"csrc/decay/decay.cu: {name}", "cuda", "csrc/decay/decay.cu", name, 32, 0, 0, 0, 0,
+                              None, path, [kernels.Loop(0x100, 10, path, path)])
+
+    wide = decay("log_decay_forward_kernel<bf16_t, true>", {"LDG.128": 1, "STG.128": 2})
+    assert report.judged_16_byte(wide) and not report.is_rope(wide) and not report.moves_16_bytes(wide.work)
+    assert report.sixteen_byte_failures([wide], not_yet=set()) == []
+    narrow = decay("log_decay_forward_kernel<bf16_t, true>", {"LDG.U16": 8, "STG.128": 2})
+    assert report.sixteen_byte_failures([narrow], not_yet=set())[0].startswith(narrow.key)
+    assert not report.judged_16_byte(decay("log_decay_forward_kernel<bf16_t, false>", {"LDG.U16": 1}))
 
 
 @needs_nvcc
