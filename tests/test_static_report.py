@@ -6,6 +6,7 @@ Triton RoPE kernels (Triton's own ptxas, no nvcc needed).
 """
 import dataclasses
 import os
+from collections import Counter
 
 import pytest
 
@@ -100,6 +101,24 @@ def test_only_the_vector_cuda_rope_instantiations_are_judged(test_kernels):
     assert not report.is_rope(as_rope("rope_kernel<bf16_t, kFP32, false, true>"))
 
 
+def test_vector_decay_kernels_must_move_only_16_byte_vectors():
+    """The decay op's vector kernels (bf16 in, fp32 out: they store twice the bytes they load, which RoPE's criterion
+    rejects) are judged on every global access being 16 bytes wide; its element-wise fallback is not judged."""
+    def decay(name, accesses):
+        loaded = sum(16 * n for access, n in accesses.items() if access.startswith("LDG"))
+        stored = sum(16 * n for access, n in accesses.items() if access.startswith("STG"))
+        path = sass.Path(10, loaded, stored, stored, Counter(accesses))
+        return kernels.Kernel(f"csrc/decay/decay.cu: {name}", "cuda", "csrc/decay/decay.cu", name, 32, 0, 0, 0, 0,
+                              None, path, [kernels.Loop(0x100, 10, path, path)])
+
+    wide = decay("log_decay_forward_kernel<bf16_t, true>", {"LDG.128": 1, "STG.128": 2})
+    assert report.judged_16_byte(wide) and not report.is_rope(wide) and not report.moves_16_bytes(wide.work)
+    assert report.sixteen_byte_failures([wide], not_yet=set()) == []
+    narrow = decay("log_decay_forward_kernel<bf16_t, true>", {"LDG.U16": 8, "STG.128": 2})
+    assert report.sixteen_byte_failures([narrow], not_yet=set())[0].startswith(narrow.key)
+    assert not report.judged_16_byte(decay("log_decay_forward_kernel<bf16_t, false>", {"LDG.U16": 1}))
+
+
 @needs_nvcc
 def test_spill_check_fails_on_new_spills(test_kernels):
     narrow, wide = test_kernels["narrow_and_spilling"], test_kernels["wide_copy"]
@@ -131,3 +150,18 @@ def test_triton_rope_neox_and_gptj_are_16_byte():
     assert report.sixteen_byte_failures([neox, gptj], not_yet=set()) == []
     # ... and it can fail: a kernel listed as not yet 16-byte that is, is reported.
     assert report.sixteen_byte_failures([gptj], not_yet={gptj.key})
+
+
+@needs_nvcc
+def test_device_conversions_are_single_instructions():
+    """On the device, precision.h rounds fp32 to bf16 / fp16 and widens fp16 with one hardware conversion each (the
+    host's integer versions cost 6-15 instructions apiece): precision="bf16"'s arithmetic, rounded after every
+    operation, would otherwise be issue-bound."""
+    text, _ = cuda.compile_cubin(ROOT, "tests/data/precision_conversions.cu")
+    opcodes = {name: [i.opcode for i in instructions] for name, instructions in sass.parse(text).items()}
+    bf16 = next(ops for name, ops in opcodes.items() if "rounded_bf16" in name)
+    fp16 = next(ops for name, ops in opcodes.items() if "fp16_round_trip" in name)
+    assert "F2FP.BF16.F32.PACK_AB" in bf16 and "F2F.BF16.F32" not in bf16  # the ALU's packing conversion
+    assert "F2FP.F16.F32.PACK_AB" in fp16 and "HADD2.F32" in fp16
+    for ops in (bf16, fp16):  # the integer versions' masks, compares and rounding adds
+        assert not [op for op in ops if op.split(".")[0] in ("LOP3", "ISETP", "IADD3", "SEL")], ops

@@ -2,7 +2,7 @@
 
 Compiles every CUDA and Triton kernel for sm_90a (nothing cached: each .cu and each Triton entry is compiled afresh,
 in parallel), prints the report and writes it to --out (static-sm90a.md and .json). With --check it fails (exit 1) if
-a kernel spills that did not in --baseline, or a RoPE hot loop does not move 16-byte vectors (NOT_YET_16_BYTE aside).
+a kernel spills that did not in --baseline, or a RoPE or decay hot loop does not move 16-byte vectors (NOT_YET_16_BYTE aside).
 Refresh the committed report with `python -m tools.static_report --out benchmarks/results`.
 """
 from __future__ import annotations
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
                   for twin, tool in report.COMPILERS if twin not in twins]
     spills = "no kernel spills that did not in the baseline" + (f" ({'; '.join(uncompared)})" if uncompared else "")
     checks = {spills: report.spill_failures(compiled, baseline, twins),
-              "RoPE hot loops move 16-byte vectors": report.sixteen_byte_failures(
-                  [k for k in compiled if report.is_rope(k)])}
+              "RoPE and decay hot loops move 16-byte vectors": report.sixteen_byte_failures(
+                  [k for k in compiled if report.judged_16_byte(k)])}
     text = report.markdown(compiled, predictions, header, checks)
     print(text)
     os.makedirs(args.out, exist_ok=True)

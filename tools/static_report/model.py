@@ -96,8 +96,19 @@ def _decode() -> Workload:
                     cuda_threads=n * n // 32, triton=("wkv7 decode N64 bf16",))
 
 
+def _log_decay(backward: bool) -> Workload:
+    """RWKV-7's raw decay over a [8, 4096, 4096] bf16 tensor: fp32 out (forward); fp32 gradient and bf16 x in, bf16
+    gradient out (backward). CUDA: 256 threads, each one 16-byte vector of 8 elements; Triton: 1024 per program."""
+    n = 8 * 4096 * 4096
+    read, written = (6 * n, 2 * n) if backward else (2 * n, 4 * n)
+    direction = "bwd" if backward else "fwd"
+    return Workload(f"log_decay {direction} {n:,} elements bf16 (fp32 log decay)", "element", n, read, written,
+                    n // 1024, cuda=(f"log_decay_{'backward' if backward else 'forward'}_kernel<bf16_t, true>",),
+                    cuda_threads=256, cuda_blocks=n // 8 // 256, triton=(f"log_decay {direction} bf16",))
+
+
 WORKLOADS = [_rope(), _wkv7(False, 64, 64), _wkv7(True, 64, 64), _wkv7(False, 32, 128), _wkv7(True, 32, 128),
-             _decode()]
+             _decode(), _log_decay(False), _log_decay(True)]
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The report (markdown and JSON) and its two checks: no new spills, and 16-byte accesses in the RoPE hot loops."""
+"""The report (markdown and JSON) and its two checks: no new spills, and 16-byte accesses in the hot loops of RoPE
+and of the decay op's vector kernels."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,6 +28,17 @@ def is_rope(kernel: Kernel) -> bool:
     return TRITON[kernel.name].sixteen_byte
 
 
+def is_vector_decay(kernel: Kernel) -> bool:
+    """A CUDA decay kernel log_decay_{forward,backward}_kernel<io_t, VECTOR = true> (VECTOR false: the element-wise
+    fallback for pointers that are not 16-byte aligned, chosen on the host)."""
+    return kernel.twin == "cuda" and kernel.source.startswith("csrc/decay/") and kernel.name.endswith(", true>")
+
+
+def judged_16_byte(kernel: Kernel) -> bool:
+    """The kernels whose hot loop must move 16-byte vectors: RoPE's and the decay op's vector instantiations."""
+    return is_rope(kernel) or is_vector_decay(kernel)
+
+
 def hot_region(kernel: Kernel) -> Path:
     """One iteration of the hot loop on its work path, or the whole kernel's work path if no loop stores."""
     hot = kernel.hot_loop
@@ -42,13 +54,21 @@ def moves_16_bytes(path: Path) -> bool:
     return bool(stores) and all(access.endswith(".128") for access in stores) and wide_loads >= path.stored
 
 
+def only_16_bytes(path: Path) -> bool:
+    """Every global load and store is 16 bytes wide (a streaming element-wise kernel such as the decay op's, whose
+    fp32 output is wider than its bf16 input)."""
+    accesses = [access for access in path.accesses if access.split(".")[0] in GLOBAL_LOADS | GLOBAL_STORES]
+    return path.stored > 0 and all(access.endswith(".128") for access in accesses)
+
+
 def sixteen_byte_failures(kernels: list[Kernel], not_yet=NOT_YET_16_BYTE) -> list[str]:
-    """Judges every kernel given (the RoPE ones: is_rope) against moves_16_bytes; those in not_yet must fail it."""
+    """Judges every kernel given (those of judged_16_byte) against moves_16_bytes (the decay op's vector kernels:
+    only_16_bytes); those in not_yet must fail it."""
     failures = []
     for kernel in kernels:
-        wide = moves_16_bytes(hot_region(kernel))
+        wide = (only_16_bytes if is_vector_decay(kernel) else moves_16_bytes)(hot_region(kernel))
         if not wide and kernel.key not in not_yet:
-            failures.append(f"{kernel.key}: the RoPE hot loop does not move 16-byte vectors "
+            failures.append(f"{kernel.key}: the hot loop does not move 16-byte vectors "
                             f"({_accesses(hot_region(kernel))})")
         elif wide and kernel.key in not_yet:
             failures.append(f"{kernel.key}: now moves 16-byte vectors; remove it from NOT_YET_16_BYTE")
@@ -151,6 +171,8 @@ def markdown(kernels: list[Kernel], predictions: list[model.Prediction], header:
           for title, failures in checks.items()),
         "- RoPE kernels whose hot loop moves 16-byte vectors: "
         + (", ".join(k.key for k in kernels if is_rope(k) and moves_16_bytes(hot_region(k))) or "none"),
+        "- Decay kernels whose hot loop moves only 16-byte vectors: "
+        + (", ".join(k.key for k in kernels if is_vector_decay(k) and only_16_bytes(hot_region(k))) or "none"),
         f"- RoPE kernels known not to yet (NOT_YET_16_BYTE): {', '.join(sorted(NOT_YET_16_BYTE)) or 'none'}",
     ]
     return "\n".join(lines) + "\n"
