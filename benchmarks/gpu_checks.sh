@@ -54,8 +54,10 @@ for tool in memcheck racecheck initcheck synccheck; do
         tests/test_bad_input.py -k "(cuda and not past_2_31) or zero or empty or nan or inf"
 done
 
-# -batch: run, and on a signal print the stack of every thread, then quit.
-run backtrace 120 "$LOG" cuda-gdb -batch -ex run -ex "thread apply all bt 30" --args "${PYTEST[@]}" tests/test_wkv7.py
+# Each C++ guard alone in a fresh process (tools/diag_wkv7_cpp_guards.py), then the file under cuda-gdb (-batch: run,
+# and on a signal print the stack of every thread, then quit).
+run backtrace 120 "$LOG" bash -c "$PY tools/diag_wkv7_cpp_guards.py; cuda-gdb -batch -ex run \
+    -ex 'thread apply all bt 30' -ex 'info sharedlibrary' --args ${PYTEST[*]} -p no:faulthandler tests/test_wkv7.py"
 
 {
     echo "## gpu_checks.sh summary ($(date -u '+%Y-%m-%d %H:%M UTC'), ${SECONDS}s, CHECKS=$CHECKS)"
