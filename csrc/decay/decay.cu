@@ -27,62 +27,28 @@ int blocks_for(int64_t threads) {
 
 bool aligned_16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// Element h of the elements of T packed in a 32-bit word, widened to fp32.
-template <typename T>
-__device__ __forceinline__ float element_of(uint32_t word, int h) {
-  if constexpr (sizeof(T) == 4) {
-    return __uint_as_float(word);
-  } else {
-    return widen(T{uint16_t(word >> (16 * h))});
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t bits_of(T v) {
-  if constexpr (sizeof(T) == 4) {
-    return __float_as_uint(v);
-  } else {
-    return v.bits;
-  }
-}
-
-// N consecutive elements of T as fp32: N * sizeof(T) / 16 accesses of 16 bytes (ptr 16-byte aligned), or N = 1.
-template <typename T, int N>
+// N consecutive elements of T as fp32, through 16-byte runs when VECTOR (ptr 16-byte aligned), else one by one.
+template <typename T, int N, bool VECTOR>
 __device__ __forceinline__ void load_widened(const T* ptr, float (&v)[N]) {
-  if constexpr (N == 1) {
-    v[0] = float(widen(ptr[0]));
-  } else {
-    constexpr int kPerWord = int(4 / sizeof(T));
-    static_assert(N * sizeof(T) % 16 == 0);
+  constexpr int kRun = VECTOR ? int(16 / sizeof(T)) : N;
 #pragma unroll
-    for (int piece = 0; piece < int(N * sizeof(T) / 16); ++piece) {
-      const uint4 bits = reinterpret_cast<const uint4*>(ptr)[piece];
-      const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+  for (int r = 0; r < N / kRun; ++r) {
+    const auto run = Run<T, kRun, VECTOR>::load(ptr + r * kRun);
 #pragma unroll
-      for (int i = 0; i < 4 * kPerWord; ++i) {
-        v[piece * 4 * kPerWord + i] = element_of<T>(words[i / kPerWord], i % kPerWord);
-      }
-    }
+    for (int i = 0; i < kRun; ++i) v[r * kRun + i] = float(widen(run.v[i]));
   }
 }
 
 // N fp32 values rounded to T and stored as load_widened reads them.
-template <typename T, int N>
+template <typename T, int N, bool VECTOR>
 __device__ __forceinline__ void store_narrowed(T* ptr, const float (&v)[N]) {
-  if constexpr (N == 1) {
-    ptr[0] = narrow<T>(v[0]);
-  } else {
-    constexpr int kPerWord = int(4 / sizeof(T));
-    static_assert(N * sizeof(T) % 16 == 0);
+  constexpr int kRun = VECTOR ? int(16 / sizeof(T)) : N;
 #pragma unroll
-    for (int piece = 0; piece < int(N * sizeof(T) / 16); ++piece) {
-      uint32_t words[4] = {0, 0, 0, 0};
+  for (int r = 0; r < N / kRun; ++r) {
+    Run<T, kRun, VECTOR> run;
 #pragma unroll
-      for (int i = 0; i < 4 * kPerWord; ++i) {
-        words[i / kPerWord] |= bits_of(narrow<T>(v[piece * 4 * kPerWord + i])) << (16 * (i % kPerWord));
-      }
-      reinterpret_cast<uint4*>(ptr)[piece] = make_uint4(words[0], words[1], words[2], words[3]);
-    }
+    for (int i = 0; i < kRun; ++i) run.v[i] = narrow<T>(v[r * kRun + i]);
+    run.store(ptr + r * kRun);
   }
 }
 
@@ -93,10 +59,10 @@ __global__ void log_decay_forward_kernel(const io_t* __restrict__ x, float* __re
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t c = first; c < vectors; c += int64_t(gridDim.x) * blockDim.x) {
     float v[N];
-    load_widened<io_t, N>(x + c * N, v);
+    load_widened<io_t, N, VECTOR>(x + c * N, v);
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = log_decay_from_raw(v[i]);
-    store_narrowed<float, N>(out + c * N, v);
+    store_narrowed<float, N, VECTOR>(out + c * N, v);
   }
   const int64_t tail = vectors * N + first;  // past the last vector: fewer than N elements
   if (tail < n) out[tail] = log_decay_from_raw(float(widen(x[tail])));
@@ -110,11 +76,11 @@ __global__ void log_decay_backward_kernel(const float* __restrict__ grad, const 
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t c = first; c < vectors; c += int64_t(gridDim.x) * blockDim.x) {
     float g[N], v[N];
-    load_widened<float, N>(grad + c * N, g);
-    load_widened<io_t, N>(x + c * N, v);
+    load_widened<float, N, VECTOR>(grad + c * N, g);
+    load_widened<io_t, N, VECTOR>(x + c * N, v);
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = g[i] * log_decay_from_raw_grad(v[i]);
-    store_narrowed<io_t, N>(grad_x + c * N, v);
+    store_narrowed<io_t, N, VECTOR>(grad_x + c * N, v);
   }
   const int64_t tail = vectors * N + first;
   if (tail < n) grad_x[tail] = narrow<io_t>(grad[tail] * log_decay_from_raw_grad(float(widen(x[tail]))));

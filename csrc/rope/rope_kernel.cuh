@@ -15,63 +15,6 @@ namespace ropewkv::cuda {
 inline constexpr int kRopeThreads = 128;
 inline constexpr int kRunsInFlight = 8;  // 16-byte loads per thread in flight: 128 B
 
-// The bits of one stored element, and back (16-bit types fill half a word).
-template <typename io_t>
-__device__ __forceinline__ uint32_t to_bits(io_t v) {
-  if constexpr (sizeof(io_t) == 4) {
-    return __float_as_uint(v);
-  } else {
-    return v.bits;
-  }
-}
-
-template <typename io_t>
-__device__ __forceinline__ io_t from_bits(uint32_t u) {
-  if constexpr (sizeof(io_t) == 4) {
-    return __uint_as_float(u);
-  } else {
-    return io_t{uint16_t(u)};
-  }
-}
-
-// N consecutive elements, moved by one 16-byte access when VECTOR (16-byte aligned), else one access per element.
-template <typename io_t, int N, bool VECTOR>
-struct Run {
-  io_t v[N];
-
-  __device__ __forceinline__ static Run load(const io_t* ptr) {
-    Run r;
-    if constexpr (VECTOR) {
-      static_assert(N * sizeof(io_t) == sizeof(uint4));
-      const uint4 bits = *reinterpret_cast<const uint4*>(ptr);
-      const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-      constexpr int kPerWord = N / 4;
-#pragma unroll
-      for (int i = 0; i < N; ++i) r.v[i] = from_bits<io_t>(words[i / kPerWord] >> (16 * (i % kPerWord)));
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) r.v[i] = ptr[i];
-    }
-    return r;
-  }
-
-  __device__ __forceinline__ void store(io_t* ptr) const {
-    if constexpr (VECTOR) {
-      constexpr int kPerWord = N / 4;
-      uint32_t words[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int i = 0; i < N; ++i) words[i / kPerWord] |= to_bits(v[i]) << (16 * (i % kPerWord));
-      // st.global.v4 in PTX: given a uint4 store, NVVM still split one of them into four 32-bit stores. No
-      // "memory" clobber: the values stored depend on the loads of the same address (in place), nothing else aliases.
-      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(words[0]), "r"(words[1]),
-                   "r"(words[2]), "r"(words[3]));
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) ptr[i] = v[i];
-    }
-  }
-};
-
 // Rotates one run pair (NeoX) or run (GPT-J) of each of HEADS heads, `x_step` / `o_step` elements apart: every load
 // issued before the first rotation.
 template <int HEADS, typename acc_t, typename io_t, int W, bool VECTOR, bool INTERLEAVED>
