@@ -25,8 +25,6 @@ int blocks_for(int64_t threads) {
   return int(blocks < 65535 * 16 ? blocks : 65535 * 16);  // grid-stride loops cover the rest
 }
 
-bool aligned_16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 // N consecutive elements of T as fp32, through 16-byte runs when VECTOR (ptr 16-byte aligned), else one by one.
 template <typename T, int N, bool VECTOR>
 __device__ __forceinline__ void load_widened(const T* ptr, float (&v)[N]) {

@@ -313,8 +313,6 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const Params p, int 
 // Launch plans: the vector width (16-byte accesses when every row start and the dims allow it, else scalar), the items
 // per lane and the lanes per row.
 
-inline bool aligned16(const void* ptr) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 inline bool strides_multiple(const int64_t* strides, int64_t vec) {
   return strides[0] % vec == 0 && strides[1] % vec == 0 && strides[2] % vec == 0;
 }
@@ -324,15 +322,15 @@ bool vector_path(const Params& p, bool backward) {
   constexpr int64_t vec = 16 / sizeof(io_t);
   const rope::Params& r = p.rope;
   const bool has_k = r.k != nullptr;
-  bool ok = r.head_dim % vec == 0 && r.rot_half % vec == 0 && aligned16(r.q) && aligned16(r.q_out) &&
-            aligned16(p.q_weight) && strides_multiple(r.q_stride, vec) && strides_multiple(r.qo_stride, vec);
+  bool ok = r.head_dim % vec == 0 && r.rot_half % vec == 0 && aligned_16(r.q) && aligned_16(r.q_out) &&
+            aligned_16(p.q_weight) && strides_multiple(r.q_stride, vec) && strides_multiple(r.qo_stride, vec);
   if (has_k) {
-    ok = ok && aligned16(r.k) && aligned16(r.k_out) && aligned16(p.k_weight) && strides_multiple(r.k_stride, vec) &&
+    ok = ok && aligned_16(r.k) && aligned_16(r.k_out) && aligned_16(p.k_weight) && strides_multiple(r.k_stride, vec) &&
          strides_multiple(r.ko_stride, vec);
   }
   if (backward) {
-    ok = ok && aligned16(p.grad_q) && strides_multiple(p.gq_stride, vec);
-    if (has_k) ok = ok && aligned16(p.grad_k) && strides_multiple(p.gk_stride, vec);
+    ok = ok && aligned_16(p.grad_q) && strides_multiple(p.gq_stride, vec);
+    if (has_k) ok = ok && aligned_16(p.grad_k) && strides_multiple(p.gk_stride, vec);
   }
   return ok;
 }

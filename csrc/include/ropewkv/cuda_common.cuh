@@ -1,11 +1,15 @@
 #pragma once
 // Shared by the .cu files: dtype dispatch over our storage types, launch-status plumbing, and runs of elements
 // moved by 16-byte accesses. Torch-free.
+#include <cstdint>
 #include <cuda_runtime_api.h>
 
 #include "ropewkv/precision.h"
 
 namespace ropewkv::cuda {
+
+// Whether a 16-byte vector access at ptr is aligned (an absent optional pointer, nullptr, never blocks one).
+inline bool aligned_16(const void* ptr) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // Calls launch(io_t{}) for the storage type named by `dtype`, then returns the launch status.
 template <typename F>
