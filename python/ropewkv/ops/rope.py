@@ -367,9 +367,9 @@ def _reference_rope(n: _Normalised, x4: torch.Tensor) -> torch.Tensor:
 # the op itself (argument normalisation, views, backend resolution). A fast path takes only the common call, checks what
 # varies per call (tensor types, dims, shapes, dtypes, devices) with cheap attribute reads, and returns None for anything
 # else: the general path then decides, and raises, as it always has. The Python-level arguments (backend, precision,
-# layout and q's dtype and device kind) are only trusted once the general path has accepted the same values.
+# layout, q's dtype and device) are only trusted once the general path has accepted the same values.
 
-_ACCEPTED: dict = {}  # (backend, precision, layout or unsqueeze_dim, q dtype, q.is_cuda, q.is_cpu) -> (ops, code)
+_ACCEPTED: dict = {}  # (backend, precision, layout or unsqueeze_dim, q dtype, q device) -> (ops, code, backend)
 
 
 def _accept(key: tuple, resolved: str, q: torch.Tensor, precision: str) -> None:
@@ -381,11 +381,9 @@ def _accept(key: tuple, resolved: str, q: torch.Tensor, precision: str) -> None:
         _ACCEPTED[key] = (_ops(resolved), _backend.precision_code(precision), resolved)
 
 
-def _lookup(key_head: tuple, q) -> Optional[tuple]:
-    if not isinstance(q, torch.Tensor) or torch.compiler.is_compiling():  # compile traces the general path
-        return None
+def _lookup(backend, precision, layout, q: torch.Tensor, device: torch.device) -> Optional[tuple]:
     try:
-        return _ACCEPTED.get(key_head + (q.dtype, q.is_cuda, q.is_cpu))
+        return _ACCEPTED.get((backend, precision, layout, q.dtype, device))
     except TypeError:  # an unhashable backend, precision or layout: the general path names it
         return None
 
@@ -393,12 +391,14 @@ def _lookup(key_head: tuple, q) -> Optional[tuple]:
 def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, attention_scaling, precision,
                backend):
     """rope's result for a call with no positions, cu_seqlens, M-RoPE nor inplace, or None."""
-    accepted = _lookup((backend, precision, layout), q)
+    if not isinstance(q, torch.Tensor) or torch.compiler.is_compiling():  # compile traces the general path
+        return None
+    device = q.device
+    accepted = _lookup(backend, precision, layout, q, device)
     if accepted is None or q.dim() != 4:
         return None
     q4 = q if layout == "bshd" else reference.to_bshd(q, layout)
     batch, seqlen, _, head_dim = q4.shape
-    device = q.device
     if k is not None:
         if not isinstance(k, torch.Tensor) or k.dim() != 4 or k.dtype != q.dtype or k.device != device:
             return None
@@ -445,7 +445,11 @@ def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, 
 def _apply_rotary_pos_emb_fast(q, k, cos, sin, unsqueeze_dim, backend, precision):
     """apply_rotary_pos_emb's result for 4-D q and k of one dtype with [B, S, R] cos and sin of one dtype (HF's decode
     call), or None."""
-    accepted = _lookup((backend, precision, unsqueeze_dim), q) if type(unsqueeze_dim) is int else None
+    if (not isinstance(q, torch.Tensor) or type(unsqueeze_dim) is not int  # (not a bool, nor a float)
+            or torch.compiler.is_compiling()):
+        return None
+    device = q.device
+    accepted = _lookup(backend, precision, unsqueeze_dim, q, device)
     if (accepted is None or not isinstance(k, torch.Tensor) or not isinstance(cos, torch.Tensor)
             or not isinstance(sin, torch.Tensor)):
         return None
@@ -453,7 +457,6 @@ def _apply_rotary_pos_emb_fast(q, k, cos, sin, unsqueeze_dim, backend, precision
         return None
     if not cos.is_floating_point() or (cos.dtype == torch.float64 and accepted[2] != "cpu"):
         return None
-    device = q.device
     if k.device != device or cos.device != device or sin.device != device:
         return None
     needs_grad = torch.is_grad_enabled()
@@ -533,7 +536,7 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
     n = _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
                         attention_scaling, precision, backend, mrope_section, mrope_interleaved)
     if common_call and layout != "thd":
-        _accept((backend, precision, layout, q.dtype, q.is_cuda, q.is_cpu), n.backend, q, n.precision)
+        _accept((backend, precision, layout, q.dtype, q.device), n.backend, q, n.precision)
     if inplace:
         for name, x4 in (("q", n.q4), ("k", n.k4)):
             if x4 is not None and x4.data_ptr() != (q if name == "q" else k).data_ptr() and x4.numel():
@@ -620,7 +623,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         c3, s3, kc3, ks3 = (t.to(torch.float32) for t in (c3, s3, kc3, ks3))
     code = _backend.precision_code(resolved_precision)
     if unsqueeze_dim in (1, 2) and type(unsqueeze_dim) is int:
-        _accept((backend, precision, unsqueeze_dim, q.dtype, q.is_cuda, q.is_cpu), resolved, q, resolved_precision)
+        _accept((backend, precision, unsqueeze_dim, q.dtype, q.device), resolved, q, resolved_precision)
     if q.numel() == 0 and k.numel() == 0:
         return q.clone(), k.clone()
     if resolved == "reference":

@@ -23,7 +23,7 @@ if _backend._C is not None:
 # The decode fast path (as rope's, in ropewkv/ops/rope.py): the common call (r..b of one shape and device, w of r's
 # dtype or fp32, state as the op takes it) whose Python-level arguments the general path has accepted once for a C++
 # twin. It checks what varies per call and returns None for anything else: the general path then decides and raises.
-# (backend, precision, decay, r dtype, w dtype, head size, r.is_cuda, r.is_cpu) -> (state dtype, decay, precision codes)
+# (backend, precision, decay, r dtype, w dtype, head size, r device) -> (state dtype, decay code, precision code)
 _ACCEPTED: dict = {}
 
 
@@ -34,13 +34,14 @@ def _step_fast(r, w, k, v, a, b, state, decay, precision, backend) -> Optional[t
     shape = r.shape
     if len(shape) != 3:
         return None
+    device = r.device
     try:
-        accepted = _ACCEPTED.get((backend, precision, decay, r.dtype, w.dtype, shape[2], r.is_cuda, r.is_cpu))
+        accepted = _ACCEPTED.get((backend, precision, decay, r.dtype, w.dtype, shape[2], device))
     except TypeError:  # an unhashable backend, precision or decay: the general path names it
         return None
     if accepted is None:
         return None
-    device, dtype = r.device, r.dtype
+    dtype = r.dtype
     if w.shape != shape or w.device != device:
         return None
     for x in (k, v, a, b):
@@ -82,7 +83,7 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
     if resolved in ("cpu", "cuda"):
         if w.dtype in (r.dtype, torch.float32) and not torch.compiler.is_compiling():
-            _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.is_cuda, r.is_cpu)] = (
+            _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (
                 state.dtype, decay_code, _backend.precision_code(precision))
         return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
     if resolved == "reference":
