@@ -101,15 +101,16 @@ def test_rope_fast_path_equals_general_path(device, case, grad):
         _same(got, want)
 
 
+@pytest.mark.parametrize("table_shape", [(2, 3), (1, 3), (2, 1)], ids=["BS", "1S", "B1"])
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
-def test_apply_rotary_pos_emb_fast_path_equals_general_path(device, unsqueeze_dim, grad):
+def test_apply_rotary_pos_emb_fast_path_equals_general_path(device, unsqueeze_dim, grad, table_shape):
     batch, seqlen, head_dim = 2, 3, 8
     gen = seeded(6)
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     q0 = rope_input(batch, seqlen, 4, head_dim, torch.float32, layout, gen, device)
     k0 = rope_input(batch, seqlen, 2, head_dim, torch.float32, layout, gen, device)
-    cos, sin = (torch.randn(batch, seqlen, 6, generator=gen).to(torch.bfloat16).to(device) for _ in range(2))
+    cos, sin = (torch.randn(*table_shape, 6, generator=gen).to(torch.bfloat16).to(device) for _ in range(2))
     grads = [torch.randn(x.shape, generator=gen).to(device) for x in (q0, k0)]
     for backend in _fast_backends(device):
         def call():

@@ -443,8 +443,8 @@ def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, 
 
 
 def _apply_rotary_pos_emb_fast(q, k, cos, sin, unsqueeze_dim, backend, precision):
-    """apply_rotary_pos_emb's result for 4-D q and k of one dtype with [B, S, R] cos and sin of one dtype (HF's decode
-    call), or None."""
+    """apply_rotary_pos_emb's result for 4-D q and k of one dtype with [B or 1, S or 1, R] cos and sin of one dtype
+    (HF's decode call), or None."""
     if (not isinstance(q, torch.Tensor) or type(unsqueeze_dim) is not int  # (not a bool, nor a float)
             or torch.compiler.is_compiling()):
         return None
@@ -462,16 +462,18 @@ def _apply_rotary_pos_emb_fast(q, k, cos, sin, unsqueeze_dim, backend, precision
     needs_grad = torch.is_grad_enabled()
     if needs_grad and (cos.requires_grad or sin.requires_grad):
         return None
-    # unsqueeze_dim 1 (HF's [B, H, S, D]) or 2 ([B, S, H, D]): the head axis; the [B, S, R] tables are then the
-    # kernel's [B, S, R] views as they are (what _table_view gives for exactly matching shapes).
+    # unsqueeze_dim 1 (HF's [B, H, S, D]) or 2 ([B, S, H, D]): the head axis; [B, S, R] tables are then the kernel's
+    # [B, S, R] views as they are, and [1, S, R] ones (HF's position_ids [1, S]) expanded: what _table_view gives.
     q4, k4 = (q.transpose(1, 2), k.transpose(1, 2)) if unsqueeze_dim == 1 else (q, k)
     batch, seqlen, _, head_dim = q4.shape
     k_batch, k_seqlen, _, _ = k4.shape
     shape = cos.shape
-    rot = shape[2]
-    if (k_batch != batch or k_seqlen != seqlen or shape[0] != batch or shape[1] != seqlen or sin.shape != shape
-            or rot % 2 or rot > head_dim or k4.shape[3] != head_dim or not q.numel()):
+    table_batch, table_seqlen, rot = shape
+    if (k_batch != batch or k_seqlen != seqlen or table_batch not in (1, batch) or table_seqlen not in (1, seqlen)
+            or sin.shape != shape or rot % 2 or rot > head_dim or k4.shape[3] != head_dim or not q.numel()):
         return None
+    if table_batch != batch or table_seqlen != seqlen:
+        cos, sin = cos.expand(batch, seqlen, rot), sin.expand(batch, seqlen, rot)
     ops, code, _ = accepted
     args = (_stride1(q4), _stride1(k4), cos, sin, False, False, code)
     if needs_grad and (q.requires_grad or k.requires_grad):
