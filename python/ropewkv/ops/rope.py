@@ -363,11 +363,11 @@ def _reference_rope(n: _Normalised, x4: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The decode fast paths. At decode the host time of a call is its speed, and the general path above costs several times
-# the op itself (argument normalisation, views, backend resolution). A fast path takes only the common call, checks what
-# varies per call (tensor types, dims, shapes, dtypes, devices) with cheap attribute reads, and returns None for anything
-# else: the general path then decides, and raises, as it always has. The Python-level arguments (backend, precision,
-# layout, q's dtype and device) are only trusted once the general path has accepted the same values.
+# The decode fast paths. At decode the host time of a call is its speed, and the general path above costs several
+# times the op itself (argument normalisation, views, backend resolution). A fast path takes only the common call,
+# checks what varies per call (tensor types, dims, shapes, dtypes, devices) with cheap attribute reads, and returns None
+# for anything else: the general path then decides, and raises, as it always has. The Python-level arguments (backend,
+# precision, layout, q's dtype and device) are only trusted once the general path has accepted the same values.
 
 _ACCEPTED: dict = {}  # (backend, precision, layout or unsqueeze_dim, q dtype, q device) -> (ops, code, backend)
 
