@@ -221,12 +221,18 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_raises_before_any_kernel(device, case):
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_bad_input_raises_before_any_kernel(device, case, warm):
+    """warm: valid calls of rope, apply_rotary_pos_emb and wkv7_step first, so that their decode fast paths have
+    accepted the backend (ropewkv/ops/rope.py): the bad call must still raise the general path's error."""
     _, make, exception, pattern, applies = case
     ran = 0
     for backend in kernel_backends(device):
         if applies is not None and not applies(backend, device):
             continue
+        if warm and not (backend == "triton" and device.type == "cpu"):  # that one has no fast path
+            for valid in (_rope, _hf, _step):
+                valid(device, backend)()
         call = make(device, backend)
         with KernelCalls() as mode, pytest.raises(exception, match=pattern):
             call()

@@ -82,7 +82,7 @@ def _fake_inplace(*args):
 
 
 def _stride1(g: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return g if g is None or g.stride(-1) == 1 or g.shape[-1] <= 1 else g.contiguous()
+    return g if g is None or g.is_contiguous() or g.stride(-1) == 1 or g.shape[-1] <= 1 else g.contiguous()
 
 
 def _grads(ctx, grads, op, extra):
@@ -363,6 +363,128 @@ def _reference_rope(n: _Normalised, x4: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# The decode fast paths. At decode the host time of a call is its speed, and the general path above costs several
+# times the op itself (argument normalisation, views, backend resolution). A fast path takes only the common call,
+# checks what varies per call (tensor types, dims, shapes, dtypes, devices) with cheap attribute reads, and returns None
+# for anything else: the general path then decides, and raises, as it always has. The Python-level arguments (backend,
+# precision, layout, q's dtype and device) are only trusted once the general path has accepted the same values.
+
+_ACCEPTED: dict = {}  # (backend, precision, layout or unsqueeze_dim, q dtype, q device) -> (ops, code, backend)
+
+
+def _accept(key: tuple, resolved: str, q: torch.Tensor, precision: str) -> None:
+    """Remember that the general path accepted `key` and resolved it to `resolved` (kernel twins only; Triton on CPU
+    tensors depends on TRITON_INTERPRET, which tests toggle, so it is resolved on every call)."""
+    if torch.compiler.is_compiling():
+        return
+    if resolved != "reference" and (q.is_cuda or (q.is_cpu and resolved != "triton")):
+        _ACCEPTED[key] = (_ops(resolved), _backend.precision_code(precision), resolved)
+
+
+def _lookup(backend, precision, layout, q: torch.Tensor, device: torch.device) -> Optional[tuple]:
+    try:
+        return _ACCEPTED.get((backend, precision, layout, q.dtype, device))
+    except TypeError:  # an unhashable backend, precision or layout: the general path names it
+        return None
+
+
+def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, attention_scaling, precision,
+               backend):
+    """rope's result for a call with no positions, cu_seqlens, M-RoPE nor inplace, or None."""
+    if not isinstance(q, torch.Tensor) or torch.compiler.is_compiling():  # compile traces the general path
+        return None
+    device = q.device
+    accepted = _lookup(backend, precision, layout, q, device)
+    if accepted is None or q.dim() != 4:
+        return None
+    q4 = q if layout == "bshd" else reference.to_bshd(q, layout)
+    batch, seqlen, _, head_dim = q4.shape
+    if k is not None:
+        if not isinstance(k, torch.Tensor) or k.dim() != 4 or k.dtype != q.dtype or k.device != device:
+            return None
+        k4 = k if layout == "bshd" else reference.to_bshd(k, layout)
+        k_batch, k_seqlen, _, k_head_dim = k4.shape
+        if k_batch != batch or k_seqlen != seqlen or k_head_dim != head_dim:
+            return None
+        k4 = _stride1(k4)
+    else:
+        k4 = None
+    if (not isinstance(inv_freq, torch.Tensor) or inv_freq.dtype != torch.float32 or inv_freq.dim() != 1
+            or not inv_freq.is_contiguous() or inv_freq.device != device):
+        return None
+    rot = 2 * inv_freq.numel()
+    if rot > head_dim or (rotary_dim is not None and (type(rotary_dim) is not int or rotary_dim != rot)):
+        return None
+    if isinstance(seqlen_offsets, torch.Tensor):
+        offsets = seqlen_offsets
+        if (offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() != batch
+                or not offsets.is_contiguous() or offsets.device != device):
+            return None
+        if q.is_cpu and batch and int(offsets.min()) < 0:  # as _check_cpu_nonnegative
+            return None
+    elif type(seqlen_offsets) is int and seqlen_offsets == 0:
+        offsets = None
+    else:
+        return None
+    if not isinstance(attention_scaling, (int, float)) or not q.numel():
+        return None
+    q4 = _stride1(q4)
+    ops, code, _ = accepted
+    args = (q4, k4, inv_freq, None, offsets, None, bool(interleaved), False, float(attention_scaling), code, None,
+            False)
+    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+        outs = ops[0](*args)
+    else:
+        with torch._C._AutoDispatchBelowAutograd():  # as _backend.call_op (compile takes the general path)
+            outs = ops[0](*args)
+    if layout != "bshd":
+        outs = [_from_bshd(o, layout) for o in outs]
+    return outs[0] if k is None else (outs[0], outs[1])
+
+
+def _apply_rotary_pos_emb_fast(q, k, cos, sin, unsqueeze_dim, backend, precision):
+    """apply_rotary_pos_emb's result for 4-D q and k of one dtype with [B or 1, S or 1, R] cos and sin of one dtype
+    (HF's decode call), or None."""
+    if (not isinstance(q, torch.Tensor) or type(unsqueeze_dim) is not int  # (not a bool, nor a float)
+            or torch.compiler.is_compiling()):
+        return None
+    device = q.device
+    accepted = _lookup(backend, precision, unsqueeze_dim, q, device)
+    if (accepted is None or not isinstance(k, torch.Tensor) or not isinstance(cos, torch.Tensor)
+            or not isinstance(sin, torch.Tensor)):
+        return None
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or k.dtype != q.dtype or cos.dtype != sin.dtype:
+        return None
+    if not cos.is_floating_point() or (cos.dtype == torch.float64 and accepted[2] != "cpu"):
+        return None
+    if k.device != device or cos.device != device or sin.device != device:
+        return None
+    needs_grad = torch.is_grad_enabled()
+    if needs_grad and (cos.requires_grad or sin.requires_grad):
+        return None
+    # unsqueeze_dim 1 (HF's [B, H, S, D]) or 2 ([B, S, H, D]): the head axis; [B, S, R] tables are then the kernel's
+    # [B, S, R] views as they are, and [1, S, R] ones (HF's position_ids [1, S]) expanded: what _table_view gives.
+    q4, k4 = (q.transpose(1, 2), k.transpose(1, 2)) if unsqueeze_dim == 1 else (q, k)
+    batch, seqlen, _, head_dim = q4.shape
+    k_batch, k_seqlen, _, _ = k4.shape
+    shape = cos.shape
+    table_batch, table_seqlen, rot = shape
+    if (k_batch != batch or k_seqlen != seqlen or table_batch not in (1, batch) or table_seqlen not in (1, seqlen)
+            or sin.shape != shape or rot % 2 or rot > head_dim or k4.shape[3] != head_dim or not q.numel()):
+        return None
+    if table_batch != batch or table_seqlen != seqlen:
+        cos, sin = cos.expand(batch, seqlen, rot), sin.expand(batch, seqlen, rot)
+    ops, code, _ = accepted
+    args = (_stride1(q4), _stride1(k4), cos, sin, False, False, code)
+    if needs_grad and (q.requires_grad or k.requires_grad):
+        q_out, k_out = ops[2](*args)
+    else:
+        with torch._C._AutoDispatchBelowAutograd():
+            q_out, k_out = ops[2](*args)
+    return (q_out.transpose(1, 2), k_out.transpose(1, 2)) if unsqueeze_dim == 1 else (q_out, k_out)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Public functions.
 
 
@@ -406,8 +528,17 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
     reduction (error < 1e-6 rad for positions up to 2^20; positions must be < 2^24), then an accurate sincos. No
     cos/sin cache is read. Backward: the same kernel with sin negated.
     """
+    common_call = (positions is None and cu_seqlens is None and mrope_section is None and not mrope_interleaved
+                   and not inplace)
+    if common_call:
+        outs = _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, attention_scaling,
+                          precision, backend)
+        if outs is not None:
+            return outs
     n = _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim,
                         attention_scaling, precision, backend, mrope_section, mrope_interleaved)
+    if common_call and layout != "thd":
+        _accept((backend, precision, layout, q.dtype, q.device), n.backend, q, n.precision)
     if inplace:
         for name, x4 in (("q", n.q4), ("k", n.k4)):
             if x4 is not None and x4.data_ptr() != (q if name == "q" else k).data_ptr() and x4.numel():
@@ -454,6 +585,9 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         (q_embed, k_embed) in q's and k's dtypes and layouts. cos/sin get no gradient (HF computes them under no_grad).
     """
     del position_ids
+    outs = _apply_rotary_pos_emb_fast(q, k, cos, sin, unsqueeze_dim, backend, precision)
+    if outs is not None:
+        return outs
     _checks.check_tensor(q, "q")
     _checks.check_tensor(k, "k")
     for name, t in (("cos", cos), ("sin", sin)):
@@ -490,6 +624,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if resolved != "cpu" and cos.dtype == torch.float64:  # only the CPU twin reads fp64 tables
         c3, s3, kc3, ks3 = (t.to(torch.float32) for t in (c3, s3, kc3, ks3))
     code = _backend.precision_code(resolved_precision)
+    if unsqueeze_dim in (1, 2) and type(unsqueeze_dim) is int:
+        _accept((backend, precision, unsqueeze_dim, q.dtype, q.device), resolved, q, resolved_precision)
     if q.numel() == 0 and k.numel() == 0:
         return q.clone(), k.clone()
     if resolved == "reference":

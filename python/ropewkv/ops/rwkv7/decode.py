@@ -20,6 +20,42 @@ if _backend._C is not None:
     torch.library.register_fake("ropewkv::wkv7_step")(_fake_step)
 
 
+# The decode fast path (as rope's, in ropewkv/ops/rope.py): the common call (r..b of one shape and device, w of r's
+# dtype or fp32, state as the op takes it) whose Python-level arguments the general path has accepted once for a C++
+# twin. It checks what varies per call and returns None for anything else: the general path then decides and raises.
+# (backend, precision, decay, r dtype, w dtype, head size, r device) -> (state dtype, decay code, precision code)
+_ACCEPTED: dict = {}
+
+
+def _step_fast(r, w, k, v, a, b, state, decay, precision, backend) -> Optional[torch.Tensor]:
+    if (not isinstance(r, torch.Tensor) or not isinstance(w, torch.Tensor) or not isinstance(state, torch.Tensor)
+            or torch.compiler.is_compiling()):
+        return None
+    shape = r.shape
+    if len(shape) != 3:
+        return None
+    device = r.device
+    try:
+        accepted = _ACCEPTED.get((backend, precision, decay, r.dtype, w.dtype, shape[2], device))
+    except TypeError:  # an unhashable backend, precision or decay: the general path names it
+        return None
+    if accepted is None:
+        return None
+    dtype = r.dtype
+    if w.shape != shape or w.device != device:
+        return None
+    for x in (k, v, a, b):
+        if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype or x.device != device:
+            return None
+    batch, heads, n = shape
+    state_dtype, decay_code, precision_code = accepted
+    if (state.shape != (batch, heads, n, n) or state.dtype != state_dtype or state.device != device
+            or not state.is_contiguous()):
+        return None
+    return torch.ops.ropewkv.wkv7_step(r.contiguous(), w.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(),
+                                       b.contiguous(), state, decay_code, precision_code)
+
+
 def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
               state: torch.Tensor, *, decay: str = "loglog", precision: Optional[str] = None,
               backend: str = "auto") -> torch.Tensor:
@@ -34,15 +70,21 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         y [B, H, N] in r's dtype.
     Inference only: there is no backward (train with wkv7). It is a mutating custom op, so torch.compile keeps it.
     """
+    y = _step_fast(r, w, k, v, a, b, state, decay, precision, backend)
+    if y is not None:
+        return y
     resolved = _check_inputs((r, w, k, v, a, b), 3, "[B, H, N]", backend)
     decay_code = _check_decay(decay)
     batch, heads, n = r.shape
     _check_state(state, "state", (batch, heads, n, n), r)
     if not state.is_contiguous():
         raise ValueError("state must be contiguous: wkv7_step updates it in place")
-    precision = _backend.resolve_precision(precision)
+    precision_arg, precision = precision, _backend.resolve_precision(precision)
     tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
     if resolved in ("cpu", "cuda"):
+        if w.dtype in (r.dtype, torch.float32) and not torch.compiler.is_compiling():
+            _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (
+                state.dtype, decay_code, _backend.precision_code(precision))
         return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
     if resolved == "reference":
         y, new_state = reference.wkv7_step(*(x.to(state.dtype) for x in tensors), state, decay)
