@@ -181,10 +181,9 @@ TRITON = {
 
 # Kernels allowed to spill, with the reason (the spill check skips them; the report still lists their spills).
 SPILL_ALLOWED = {
-    "wkv7 chunked bwd N64 bf16": "chunked WKV7 backward (issue 15): the state work runs in 16-column k slices, but the "
-    "products contracting over v (dY U^T, dX U^T, dY S0, U G: K = N = 64 dots, 128 operand registers per thread) "
-    "keep it at 255 registers with ~80 B of scalars spilled; slicing them over v through a per-program scratch of "
-    "U and dX is the known next step (benchmarks/NOTES.md, Chunked WKV7)",
+    "wkv7 chunked bwd N64 bf16": "chunked WKV7 backward (issue 15): k and v run in 16-column slices (no [N, N] or "
+    "[16, 16, N] block in registers), yet at 255 registers ptxas keeps spilling ~32 B of loop-invariant scalars, "
+    "reloaded a few times per chunk and never in an innermost loop (benchmarks/NOTES.md, Chunked WKV7)",
 }
 # The CUDA WKV7 N=64 backward kernels sit at the 255-register cap (two 64-float rows per thread) and ptxas's choice of
 # which of them spill moves with any change of their code: the one-instruction bf16/fp16 conversions (precision.h,

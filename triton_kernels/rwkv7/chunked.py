@@ -15,8 +15,10 @@ quantity (c, the decays, A~, R~, B^, K^ and the gradients of r, w, k, a, b) is p
 chunk runs over BK = 16-column slices of k (a runtime loop: one slice's code, so no two slices are live at once),
 reloading the slice's rows and recomputing its c, with the state (forward: ST in the final-state output; backward:
 S0^T from the checkpoint and G^T in the initial-state gradient output) read and written in [BK, N] slices of global
-memory, a barrier between a slice's last read and its write. No [N, N] block and no [L, L, N] decay block is ever in
-registers (a dot with a full [N, N] operand alone takes 4 N registers per thread at 8 warps: 256 at N = 64).
+memory, a barrier between a slice's last read and its write. The backward's products over v run in BK-column slices
+of v too, U and dX through a per-program scratch. No [N, N] block, no [L, L, N] decay block and no dot contracting
+over N is ever in registers (an FMA dot's operands take (rows + columns per thread) x K registers: 256 for a
+[16, 64] x [64, 64] product at 8 warps).
 
 Precision: every dot takes input_precision="ieee" (exact fp32 products, fp32 accumulate; the GPU default would be
 TF32, and "ieee" runs on the FMA units, not the tensor cores). BF16_DOTS (precision="bf16") runs each N-sized
@@ -152,9 +154,7 @@ def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    """Every product with the state contracts or is indexed by k, and everything indexed by k is per column, so the
-    k axis runs in BK-row slices of ST, kept in sT (the output) between chunks: only [BK, N] of it is ever in
-    registers (a full [N, N] operand of a dot would take 2 x 2 x N registers per thread at N = 64)."""
+    """k runs in BK-row slices of ST, kept in sT (the output) between chunks: see the module docstring."""
     n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kk = tl.arange(0, BK).to(tl.int64)
@@ -210,14 +210,13 @@ def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr
 
 
 @triton.jit
-def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr,
+def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
                         dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr,
                         LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
-    """Every product with the state contracts or is indexed by k, and everything else indexed by k is per column, so
-    the k axis runs in BK-row slices of S0^T (from the checkpoint) and G^T (kept in ds0, the output, between chunks):
-    only [BK, N] of each is ever in registers."""
+    """k runs in BK-row slices of S0^T (from the checkpoint) and G^T (kept in ds0, the output, between chunks), the
+    products over v in BK-column slices of v (U and dX through the scratch): see the module docstring."""
     n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
     kk = tl.arange(0, BK).to(tl.int64)
@@ -225,7 +224,8 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     strict = rows[None, :] < rows[:, None]
     incl = rows[None, :] <= rows[:, None]
     # G^T[k][v] = dL/dS[v][k] after the current chunk, at v * N + k of this program's ds0 (and gsT).
-    grad_at = (n * H + h) * N * N + offs[None, :] * N
+    grad_base = (n * H + h) * N * N
+    grad_at = grad_base + offs[None, :] * N
     for j0 in range(0, N, BK):
         if HAS_GST:
             GT = tl.load(gsT_ptr + grad_at + j0 + kk[:, None])
@@ -233,16 +233,21 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             GT = tl.zeros((BK, N), dtype=tl.float32)
         tl.store(ds0_ptr + grad_at + j0 + kk[:, None], GT)
     tl.debug_barrier()
+    # U and dX [L, N] of the current chunk, written full width, read back in column slices.
+    scratch = scratch_ptr + (n * H + h) * 2 * L * N
+    rows_at = rows[:, None] * N + offs[None, :]
+    slice_at = rows[:, None] * N + kk[None, :]
     slot0 = bos // L + n
     n_chunks = tl.cdiv(eos - bos, L)
-    for cc in range(0, n_chunks):
+    for cc in tl.range(0, n_chunks, disable_licm=True):  # hoisted invariants would be spilled (56 B against 32)
         c = n_chunks - 1 - cc
         t0 = bos + c * L
         t1 = tl.minimum(t0 + L, eos)
-        ckpt = ckpt_ptr + ((slot0 + c) * H + h) * N * N + offs[None, :]  # S0^T, k-major
+        ckpt = ckpt_ptr + ((slot0 + c) * H + h) * N * N  # S0^T, k-major
         tok = (t0 + rows).to(tl.int64)
         valid = (tok < t1)[:, None]
         at = (tok[:, None] * H + h) * N + offs[None, :]
+        at_i = (tok[:, None] * H + h) * N + kk[None, :]  # columns [0, BK): + i0 for a slice
         v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
         dy = tl.load(gy_ptr + at, mask=valid, other=0.0).to(tl.float32)
         # Recompute the forward's X = A~ S0^T + Ak V, with the masked products; dU, dV from S_L (B^ G^T, K^ G^T).
@@ -259,23 +264,40 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             Eb, Eq = _masked_decays(ca, cb, L)
             Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq)
             rest = tl.exp(clast[None, :] - ca)
-            X += _dot(a * tl.exp(cb), tl.load(ckpt + (j0 + kk[:, None]) * N), BF16_DOTS, INTERPRET)
+            X += _dot(a * tl.exp(cb), tl.load(ckpt + (j0 + kk[:, None]) * N + offs[None, :]), BF16_DOTS, INTERPRET)
             GT = tl.load(ds0_ptr + grad_at + j0 + kk[:, None])
             dU += _dot(b * rest, GT, BF16_DOTS, INTERPRET)
             dV += _dot(k * rest, GT, BF16_DOTS, INTERPRET)
         Tm = _solve_matrix(Ab, L)
         U = _dot(Tm, X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
-        # From Y.
-        dQb = tl.where(incl, _dot(dy, tl.trans(U), BF16_DOTS, INTERPRET), 0.0)
-        dQk = tl.where(incl, _dot(dy, tl.trans(v), BF16_DOTS, INTERPRET), 0.0)
+        # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
         dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
         dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
-        # From U = (I - Ab)^{-1} X.
         dX = _dot(tl.trans(Tm), dU, BF16_DOTS, INTERPRET)
-        dAb = tl.where(strict, _dot(dX, tl.trans(U), BF16_DOTS, INTERPRET), 0.0)
-        dAk = tl.where(strict, _dot(dX, tl.trans(v), BF16_DOTS, INTERPRET), 0.0)
         dV += _dot(tl.trans(Ak), dX, BF16_DOTS, INTERPRET)
         _store_rows(dv_ptr, at, dV, LOW_PRECISION, valid)
+        # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
+        # BK-column slices of v, U and dX read back from the scratch.
+        tl.store(scratch + rows_at, U)
+        tl.store(scratch + L * N + rows_at, dX)
+        tl.debug_barrier()
+        dQb = tl.zeros((L, L), dtype=tl.float32)
+        dQk = tl.zeros((L, L), dtype=tl.float32)
+        dAb = tl.zeros((L, L), dtype=tl.float32)
+        dAk = tl.zeros((L, L), dtype=tl.float32)
+        for i0 in range(0, N, BK):
+            dy_i = tl.load(gy_ptr + at_i + i0, mask=valid, other=0.0).to(tl.float32)
+            v_i = _load_rows(v_ptr, at_i + i0, valid, LOW_PRECISION)
+            U_i = tl.load(scratch + slice_at + i0)
+            dX_i = tl.load(scratch + L * N + slice_at + i0)
+            dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
+            dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+            dAb += _dot(dX_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
+            dAk += _dot(dX_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+        dQb = tl.where(incl, dQb, 0.0)
+        dQk = tl.where(incl, dQk, 0.0)
+        dAb = tl.where(strict, dAb, 0.0)
+        dAk = tl.where(strict, dAk, 0.0)
         # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, the new G^T,
         # and the masked products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx,
         # dc[m+1] -= y dy).
@@ -291,14 +313,21 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             Rt = r * e_after
             Bh = b * rest
             Kh = k * rest
-            ST0 = tl.load(ckpt + (j0 + kk[:, None]) * N)
+            dRt = tl.zeros((L, BK), dtype=tl.float32)
+            dAt = tl.zeros((L, BK), dtype=tl.float32)
+            dBh = tl.zeros((L, BK), dtype=tl.float32)
+            dKh = tl.zeros((L, BK), dtype=tl.float32)
+            for i0 in range(0, N, BK):
+                dy_i = tl.load(gy_ptr + at_i + i0, mask=valid, other=0.0).to(tl.float32)
+                v_i = _load_rows(v_ptr, at_i + i0, valid, LOW_PRECISION)
+                S0_i = tl.trans(tl.load(ckpt + (j0 + kk[:, None]) * N + i0 + kk[None, :]))
+                G_i = tl.trans(tl.load(ds0_ptr + grad_base + j0 + kk[:, None] + (i0 + kk[None, :]) * N))
+                dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET)
+                dAt += _dot(tl.load(scratch + L * N + slice_at + i0), S0_i, BF16_DOTS, INTERPRET)
+                dBh += _dot(tl.load(scratch + slice_at + i0), G_i, BF16_DOTS, INTERPRET)
+                dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET)
+            ST0 = tl.load(ckpt + (j0 + kk[:, None]) * N + offs[None, :])
             GT = tl.load(ds0_ptr + grad_at + j0 + kk[:, None])
-            S0 = tl.trans(ST0)
-            G = tl.trans(GT)
-            dRt = _dot(dy, S0, BF16_DOTS, INTERPRET)
-            dAt = _dot(dX, S0, BF16_DOTS, INTERPRET)
-            dBh = _dot(U, G, BF16_DOTS, INTERPRET)
-            dKh = _dot(v, G, BF16_DOTS, INTERPRET)
             dclast = e_all * tl.sum(ST0 * GT, axis=1)
             GT = (e_all[:, None] * GT + _dot(tl.trans(Rt), dy, BF16_DOTS, INTERPRET)
                   + _dot(tl.trans(At), dX, BF16_DOTS, INTERPRET))
@@ -357,9 +386,10 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     n_seqs = grad_initial.shape[0]
     if n_seqs * heads == 0:
         return
+    scratch = r.new_empty((n_seqs * heads, 2, CHUNK, n), dtype=checkpoints.dtype)
     _chunked_bwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
-        grad_initial if grad_final is None else grad_final, *grads, grad_initial, seqlen, heads,
+        grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
         N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
         INTERPRET=_interpreting(), HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None,
-        num_warps=NUM_WARPS[n], num_stages=1)
+        num_warps=NUM_WARPS[n])
