@@ -182,7 +182,7 @@ TRITON = {
 # Kernels allowed to spill, with the reason (the spill check skips them; the report still lists their spills).
 SPILL_ALLOWED = {
     "wkv7 chunked bwd N64 bf16": "chunked WKV7 backward (issue 15): k and v run in 16-column slices (no [N, N] or "
-    "[16, 16, N] block in registers), yet at 255 registers ptxas keeps spilling ~32 B of loop-invariant scalars, "
+    "[16, 16, N] block in registers), yet at 255 registers ptxas keeps spilling 16 B of loop-invariant scalars, "
     "reloaded a few times per chunk and never in an innermost loop (benchmarks/NOTES.md, Chunked WKV7)",
 }
 # The CUDA WKV7 N=64 backward kernels sit at the 255-register cap (two 64-float rows per thread) and ptxas's choice of

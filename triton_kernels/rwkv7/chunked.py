@@ -239,7 +239,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     slice_at = rows[:, None] * N + kk[None, :]
     slot0 = bos // L + n
     n_chunks = tl.cdiv(eos - bos, L)
-    for cc in tl.range(0, n_chunks, disable_licm=True):  # hoisted invariants would be spilled (56 B against 32)
+    for cc in tl.range(0, n_chunks, disable_licm=True):  # hoisted invariants would be spilled (more than twice)
         c = n_chunks - 1 - cc
         t0 = bos + c * L
         t1 = tl.minimum(t0 + L, eos)
@@ -248,8 +248,6 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         valid = (tok < t1)[:, None]
         at = (tok[:, None] * H + h) * N + offs[None, :]
         at_i = (tok[:, None] * H + h) * N + kk[None, :]  # columns [0, BK): + i0 for a slice
-        v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
-        dy = tl.load(gy_ptr + at, mask=valid, other=0.0).to(tl.float32)
         # Recompute the forward's X = A~ S0^T + Ak V, with the masked products; dU, dV from S_L (B^ G^T, K^ G^T).
         Ab = tl.zeros((L, L), dtype=tl.float32)
         Ak = tl.zeros((L, L), dtype=tl.float32)
@@ -258,7 +256,8 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         X = tl.zeros((L, N), dtype=tl.float32)
         dU = tl.zeros((L, N), dtype=tl.float32)
         dV = tl.zeros((L, N), dtype=tl.float32)
-        for j0 in range(0, N, BK):
+        # The software-pipelining depths here and below: the fewest spilled registers found (16 B; 32 B at the default).
+        for j0 in tl.range(0, N, BK, num_stages=1):
             r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
                 r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
             Eb, Eq = _masked_decays(ca, cb, L)
@@ -268,6 +267,8 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             GT = tl.load(ds0_ptr + grad_at + j0 + kk[:, None])
             dU += _dot(b * rest, GT, BF16_DOTS, INTERPRET)
             dV += _dot(k * rest, GT, BF16_DOTS, INTERPRET)
+        v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
+        dy = tl.load(gy_ptr + at, mask=valid, other=0.0).to(tl.float32)
         Tm = _solve_matrix(Ab, L)
         U = _dot(Tm, X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
         # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
@@ -317,7 +318,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             dAt = tl.zeros((L, BK), dtype=tl.float32)
             dBh = tl.zeros((L, BK), dtype=tl.float32)
             dKh = tl.zeros((L, BK), dtype=tl.float32)
-            for i0 in range(0, N, BK):
+            for i0 in tl.range(0, N, BK, num_stages=2):
                 dy_i = tl.load(gy_ptr + at_i + i0, mask=valid, other=0.0).to(tl.float32)
                 v_i = _load_rows(v_ptr, at_i + i0, valid, LOW_PRECISION)
                 S0_i = tl.trans(tl.load(ckpt + (j0 + kk[:, None]) * N + i0 + kk[None, :]))
