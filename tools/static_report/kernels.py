@@ -181,11 +181,9 @@ TRITON = {
 
 # Kernels allowed to spill, with the reason (the spill check skips them; the report still lists their spills).
 SPILL_ALLOWED = {
-    name: "first chunked WKV7 (issue 15): the fp32 state [N, N] in registers plus the chunk's [16, N] rows and the "
-          "[16, 16, 16] decay blocks exceed 255 registers at 8 warps (4 and 16 warps spill more); slicing the "
-          "backward's masked products over columns through an fp32 scratch is the known next step "
-          "(benchmarks/NOTES.md, Chunked WKV7)"
-    for name in TRITON if name.startswith("wkv7 chunked")
+    "wkv7 chunked bwd N64 bf16": "chunked WKV7 backward (issue 15): k and v run in 16-column slices (no [N, N] or "
+    "[16, 16, N] block in registers), yet at 255 registers ptxas keeps spilling 16 B of loop-invariant scalars, "
+    "reloaded a few times per chunk and never in an innermost loop (benchmarks/NOTES.md, Chunked WKV7)",
 }
 # The CUDA WKV7 N=64 backward kernels sit at the 255-register cap (two 64-float rows per thread) and ptxas's choice of
 # which of them spill moves with any change of their code: the one-instruction bf16/fp16 conversions (precision.h,

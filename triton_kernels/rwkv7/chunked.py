@@ -1,7 +1,7 @@
 """Triton twin of the chunked RWKV-7 WKV (derivation: python/ropewkv/ops/rwkv7/chunked.md; the symbols are its).
 
-One program per (sequence, head) walks its chunks of L = 16 tokens. The fp32 state lives in registers transposed,
-ST [N_k, N_v], so that every product with it is a tl.dot: per chunk
+One program per (sequence, head) walks its chunks of L = 16 tokens. The fp32 state is held transposed, ST [N_k, N_v],
+so that every product with it is a tl.dot: per chunk
 
     X = A~ ST + Ak V,   U = T X  with T = (I - Ab)^{-1} = (I + Ab)(I + Ab^2)(I + Ab^4)(I + Ab^8)  (Ab^16 = 0),
     Y = R~ ST + Qb U + Qk V,    ST <- diag(E[L][0]) ST + B^^T U + K^^T V.
@@ -9,6 +9,16 @@ ST [N_k, N_v], so that every product with it is a tl.dot: per chunk
 The masked decay products Ab, Ak, Qb, Qk are [L, L, N] broadcasts of exp(c_x - c_y) with the exponent masked to
 -inf outside x >= y (exp gives 0 there), so every decay factor formed is <= 1: no cumulative decay is divided by.
 The chunk's cumulative log decays c come from tl.cumsum of log d over the chunk's rows.
+
+Registers: every product with the state either contracts over k or is indexed by k, and every other k-indexed
+quantity (c, the decays, A~, R~, B^, K^ and the gradients of r, w, k, a, b) is per column k. So each pass over the
+chunk runs over BK = 16-column slices of k (a runtime loop: one slice's code, so no two slices are live at once),
+reloading the slice's rows and recomputing its c, with the state (forward: ST in the final-state output; backward:
+S0^T from the checkpoint and G^T in the initial-state gradient output) read and written in [BK, N] slices of global
+memory, a barrier between a slice's last read and its write. The backward's products over v run in BK-column slices
+of v too, U and dX through a per-program scratch. No [N, N] block, no [L, L, N] decay block and no dot contracting
+over N is ever in registers (an FMA dot's operands take (rows + columns per thread) x K registers: 256 for a
+[16, 64] x [64, 64] product at 8 warps).
 
 Precision: every dot takes input_precision="ieee" (exact fp32 products, fp32 accumulate; the GPU default would be
 TF32, and "ieee" runs on the FMA units, not the tensor cores). BF16_DOTS (precision="bf16") runs each N-sized
@@ -73,58 +83,6 @@ def _store_rows(ptr, at, x, LOW_PRECISION: tl.constexpr, mask):
 
 
 @triton.jit
-def _chunk(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t0, t1, h, H, N: tl.constexpr, L: tl.constexpr,
-           DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
-    """The chunk [t0, t1)'s rows (zero beyond t1, where log d = 0 too) and its state-independent quantities."""
-    rows = tl.arange(0, L)
-    cols = tl.arange(0, N)
-    tok = (t0 + rows).to(tl.int64)
-    valid = (tok < t1)[:, None]
-    at = (tok[:, None] * H + h) * N + cols[None, :]
-    r = _load_rows(r_ptr, at, valid, LOW_PRECISION)
-    k = _load_rows(k_ptr, at, valid, LOW_PRECISION)
-    v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
-    a = _load_rows(a_ptr, at, valid, LOW_PRECISION)
-    b = _load_rows(b_ptr, at, valid, LOW_PRECISION)
-    w = _load_rows(w_ptr, at, valid, LOW_PRECISION)
-    log_d, dlog = _log_decay(w, DECAY)
-    logd = tl.where(valid, log_d, 0.0)
-    ca = tl.cumsum(logd, axis=0)   # c[l + 1]
-    cb = ca - logd                 # c[l]
-    clast = tl.sum(logd, axis=0)   # c[len]
-    return r, k, v, a, b, logd, dlog, ca, cb, clast, at, valid
-
-
-@triton.jit
-def _masked_products(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, N: tl.constexpr, L: tl.constexpr,
-                     BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
-    """Ab, Ak, Qb, Qk [L, L], summed over BK-column slices of the chunk (re-read from global and their c recomputed
-    per slice, as c is per column), so that the [L, L, BK] decay blocks fit in registers."""
-    rows = tl.arange(0, L)
-    tok = (t0 + rows).to(tl.int64)
-    valid = (tok < t1)[:, None]
-    Ab = tl.zeros((L, L), dtype=tl.float32)
-    Ak = tl.zeros((L, L), dtype=tl.float32)
-    Qb = tl.zeros((L, L), dtype=tl.float32)
-    Qk = tl.zeros((L, L), dtype=tl.float32)
-    for j0 in tl.static_range(0, N, BK):
-        at = (tok[:, None] * H + h) * N + j0 + tl.arange(0, BK)[None, :]
-        r = _load_rows(r_ptr, at, valid, LOW_PRECISION)
-        k = _load_rows(k_ptr, at, valid, LOW_PRECISION)
-        a = _load_rows(a_ptr, at, valid, LOW_PRECISION)
-        b = _load_rows(b_ptr, at, valid, LOW_PRECISION)
-        log_d, _ = _log_decay(_load_rows(w_ptr, at, valid, LOW_PRECISION), DECAY)
-        logd = tl.where(valid, log_d, 0.0)
-        ca = tl.cumsum(logd, axis=0)
-        Eb, Eq = _masked_decays(ca, ca - logd, L)
-        Ab += tl.sum(a[:, None, :] * Eb * b[None, :, :], axis=2)
-        Ak += tl.sum(a[:, None, :] * Eb * k[None, :, :], axis=2)
-        Qb += tl.sum(r[:, None, :] * Eq * b[None, :, :], axis=2)
-        Qk += tl.sum(r[:, None, :] * Eq * k[None, :, :], axis=2)
-    return Ab, Ak, Qb, Qk
-
-
-@triton.jit
 def _masked_decays(ca, cb, L: tl.constexpr):
     """E[l][m+1] for m < l (the Ab, Ak pairs) and E[l+1][m+1] for m <= l (Qb, Qk), [L, L, N], 0 elsewhere."""
     rows = tl.arange(0, L)
@@ -151,136 +109,254 @@ def _solve_matrix(Ab, L: tl.constexpr):
 
 
 @triton.jit
+def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N: tl.constexpr, L: tl.constexpr,
+             BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
+    """Columns [j0, j0 + BK) of the chunk [t0, t1)'s rows (zero beyond t1, where log d = 0 too) and their cumulative
+    log decays (per column, so a column slice is self-contained)."""
+    rows = tl.arange(0, L)
+    tok = (t0 + rows).to(tl.int64)
+    valid = (tok < t1)[:, None]
+    at = (tok[:, None] * H + h) * N + j0 + tl.arange(0, BK)[None, :]
+    r = _load_rows(r_ptr, at, valid, LOW_PRECISION)
+    k = _load_rows(k_ptr, at, valid, LOW_PRECISION)
+    a = _load_rows(a_ptr, at, valid, LOW_PRECISION)
+    b = _load_rows(b_ptr, at, valid, LOW_PRECISION)
+    log_d, dlog = _log_decay(_load_rows(w_ptr, at, valid, LOW_PRECISION), DECAY)
+    logd = tl.where(valid, log_d, 0.0)
+    ca = tl.cumsum(logd, axis=0)   # c[l + 1]
+    cb = ca - logd                 # c[l]
+    clast = tl.sum(logd, axis=0)   # c[len]
+    return r, k, a, b, dlog, ca, cb, clast, at
+
+
+@triton.jit
+def _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq):
+    """Ab, Ak, Qb, Qk [L, L] plus one column slice's share (the sums over j of x_l[j] y_m[j] E[.][m+1][j])."""
+    Ab += tl.sum(a[:, None, :] * Eb * b[None, :, :], axis=2)
+    Ak += tl.sum(a[:, None, :] * Eb * k[None, :, :], axis=2)
+    Qb += tl.sum(r[:, None, :] * Eq * b[None, :, :], axis=2)
+    Qk += tl.sum(r[:, None, :] * Eq * k[None, :, :], axis=2)
+    return Ab, Ak, Qb, Qk
+
+
+@triton.jit
+def _masked_cotangents(x, y1, y2, dM1, dM2, E):
+    """For the masked products M1 = sum_j x y1 E, M2 = sum_j x y2 E ([L, L] from [L, BK] column slices):
+    tx = sum_m E (dM1 y1 + dM2 y2) (dx = tx, dc[p(l)] += x tx) and ty = sum_l dM E x (dy = ty, dc[m+1] -= y ty)."""
+    tx = tl.sum(E * (dM1[:, :, None] * y1[None, :, :] + dM2[:, :, None] * y2[None, :, :]), axis=1)
+    ty1 = tl.sum(dM1[:, :, None] * E * x[:, None, :], axis=0)
+    ty2 = tl.sum(dM2[:, :, None] * E * x[:, None, :], axis=0)
+    return tx, ty1, ty2
+
+
+@triton.jit
 def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
+    """k runs in BK-row slices of ST, kept in sT (the output) between chunks: see the module docstring."""
     n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
-    kmaj = offs[:, None] * N + offs[None, :]      # ST[k][v] at k * N + v (checkpoints)
-    transposed = offs[:, None] + offs[None, :] * N  # ST[k][v] = S[v][k] at v * N + k (states in and out)
-    state_at = (n * H + h) * N * N
-    if HAS_S0:
-        ST = tl.load(s0_ptr + state_at + transposed)
-    else:
-        ST = tl.zeros((N, N), dtype=tl.float32)
+    kk = tl.arange(0, BK).to(tl.int64)
+    # ST[k][v] = S[v][k] at v * N + k of this program's sT (and s0); k-major in the checkpoints.
+    state_at = (n * H + h) * N * N + offs[None, :] * N
+    for j0 in range(0, N, BK):
+        if HAS_S0:
+            ST = tl.load(s0_ptr + state_at + j0 + kk[:, None])
+        else:
+            ST = tl.zeros((BK, N), dtype=tl.float32)
+        tl.store(sT_ptr + state_at + j0 + kk[:, None], ST)
+    tl.debug_barrier()
+    rows = tl.arange(0, L)
     slot0 = bos // L + n
     for c in range(0, tl.cdiv(eos - bos, L)):
         t0 = bos + c * L
-        if SAVE:
-            tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + kmaj, ST)
-        r, k, v, a, b, logd, dlog, ca, cb, clast, at, valid = _chunk(
-            r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t0, tl.minimum(t0 + L, eos), h, H, N, L, DECAY, LOW_PRECISION)
-        Ab, Ak, Qb, Qk = _masked_products(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, tl.minimum(t0 + L, eos), h, H, N, L,
-                                          BK, DECAY, LOW_PRECISION)
-        At = a * tl.exp(cb)
-        Rt = r * tl.exp(ca)
-        rest = tl.exp(clast[None, :] - ca)
-        Bh = b * rest
-        Kh = k * rest
-        X = _dot(At, ST, BF16_DOTS, INTERPRET) + _dot(Ak, v, BF16_DOTS, INTERPRET)
-        U = _dot(_solve_matrix(Ab, L), X, BF16_DOTS, INTERPRET)
-        Y = _dot(Rt, ST, BF16_DOTS, INTERPRET) + _dot(Qb, U, BF16_DOTS, INTERPRET) + _dot(Qk, v, BF16_DOTS,
-                                                                                            INTERPRET)
+        t1 = tl.minimum(t0 + L, eos)
+        tok = (t0 + rows).to(tl.int64)
+        valid = (tok < t1)[:, None]
+        at = (tok[:, None] * H + h) * N + offs[None, :]
+        v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
+        # X = A~ S0^T (+ Ak V below), R~ S0^T and the masked products, summed over the k slices.
+        Ab = tl.zeros((L, L), dtype=tl.float32)
+        Ak = tl.zeros((L, L), dtype=tl.float32)
+        Qb = tl.zeros((L, L), dtype=tl.float32)
+        Qk = tl.zeros((L, L), dtype=tl.float32)
+        X = tl.zeros((L, N), dtype=tl.float32)
+        Y = tl.zeros((L, N), dtype=tl.float32)
+        for j0 in range(0, N, BK):
+            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+            Eb, Eq = _masked_decays(ca, cb, L)
+            Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq)
+            ST = tl.load(sT_ptr + state_at + j0 + kk[:, None])
+            if SAVE:
+                tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + (j0 + kk[:, None]) * N + offs[None, :], ST)
+            X += _dot(a * tl.exp(cb), ST, BF16_DOTS, INTERPRET)
+            Y += _dot(r * tl.exp(ca), ST, BF16_DOTS, INTERPRET)
+        U = _dot(_solve_matrix(Ab, L), X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
+        Y += _dot(Qb, U, BF16_DOTS, INTERPRET) + _dot(Qk, v, BF16_DOTS, INTERPRET)
         _store_rows(y_ptr, at, Y, LOW_PRECISION, valid)
-        ST = (tl.exp(clast)[:, None] * ST + _dot(tl.trans(Bh), U, BF16_DOTS, INTERPRET)
-              + _dot(tl.trans(Kh), v, BF16_DOTS, INTERPRET))
-    tl.store(sT_ptr + state_at + transposed, ST)
+        # ST <- diag(E[L][0]) ST + B^^T U + K^^T V, slice by slice.
+        for j0 in range(0, N, BK):
+            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+            rest = tl.exp(clast[None, :] - ca)
+            ST = tl.load(sT_ptr + state_at + j0 + kk[:, None])
+            ST = (tl.exp(clast)[:, None] * ST + _dot(tl.trans(b * rest), U, BF16_DOTS, INTERPRET)
+                  + _dot(tl.trans(k * rest), v, BF16_DOTS, INTERPRET))
+            tl.debug_barrier()  # every thread has read this slice (above, and in the first pass)
+            tl.store(sT_ptr + state_at + j0 + kk[:, None], ST)
+        tl.debug_barrier()  # the next chunk reads the state written above
 
 
 @triton.jit
-def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr,
+def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
                         dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
-                        N: tl.constexpr, L: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
-                        BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_GST: tl.constexpr,
-                        VARLEN: tl.constexpr):
+                        N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr,
+                        LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
+                        HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+    """k runs in BK-row slices of S0^T (from the checkpoint) and G^T (kept in ds0, the output, between chunks), the
+    products over v in BK-column slices of v (U and dX through the scratch): see the module docstring."""
     n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N).to(tl.int64)
-    kmaj = offs[:, None] * N + offs[None, :]
-    transposed = offs[:, None] + offs[None, :] * N
-    state_at = (n * H + h) * N * N
-    if HAS_GST:
-        GT = tl.load(gsT_ptr + state_at + transposed)  # dL/dS after the current chunk, transposed like ST
-    else:
-        GT = tl.zeros((N, N), dtype=tl.float32)
+    kk = tl.arange(0, BK).to(tl.int64)
     rows = tl.arange(0, L)
     strict = rows[None, :] < rows[:, None]
     incl = rows[None, :] <= rows[:, None]
+    # G^T[k][v] = dL/dS[v][k] after the current chunk, at v * N + k of this program's ds0 (and gsT).
+    grad_base = (n * H + h) * N * N
+    grad_at = grad_base + offs[None, :] * N
+    for j0 in range(0, N, BK):
+        if HAS_GST:
+            GT = tl.load(gsT_ptr + grad_at + j0 + kk[:, None])
+        else:
+            GT = tl.zeros((BK, N), dtype=tl.float32)
+        tl.store(ds0_ptr + grad_at + j0 + kk[:, None], GT)
+    tl.debug_barrier()
+    # U and dX [L, N] of the current chunk, written full width, read back in column slices.
+    scratch = scratch_ptr + (n * H + h) * 2 * L * N
+    rows_at = rows[:, None] * N + offs[None, :]
+    slice_at = rows[:, None] * N + kk[None, :]
     slot0 = bos // L + n
     n_chunks = tl.cdiv(eos - bos, L)
-    for cc in range(0, n_chunks):
+    for cc in tl.range(0, n_chunks, disable_licm=True):  # hoisted invariants would be spilled (more than twice)
         c = n_chunks - 1 - cc
         t0 = bos + c * L
-        ST0 = tl.load(ckpt_ptr + ((slot0 + c) * H + h) * N * N + kmaj)
-        r, k, v, a, b, logd, dlog, ca, cb, clast, at, valid = _chunk(
-            r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t0, tl.minimum(t0 + L, eos), h, H, N, L, DECAY, LOW_PRECISION)
+        t1 = tl.minimum(t0 + L, eos)
+        ckpt = ckpt_ptr + ((slot0 + c) * H + h) * N * N  # S0^T, k-major
+        tok = (t0 + rows).to(tl.int64)
+        valid = (tok < t1)[:, None]
+        at = (tok[:, None] * H + h) * N + offs[None, :]
+        at_i = (tok[:, None] * H + h) * N + kk[None, :]  # columns [0, BK): + i0 for a slice
+        # Recompute the forward's X = A~ S0^T + Ak V, with the masked products; dU, dV from S_L (B^ G^T, K^ G^T).
+        Ab = tl.zeros((L, L), dtype=tl.float32)
+        Ak = tl.zeros((L, L), dtype=tl.float32)
+        Qb = tl.zeros((L, L), dtype=tl.float32)
+        Qk = tl.zeros((L, L), dtype=tl.float32)
+        X = tl.zeros((L, N), dtype=tl.float32)
+        dU = tl.zeros((L, N), dtype=tl.float32)
+        dV = tl.zeros((L, N), dtype=tl.float32)
+        # The software-pipelining depths here and below: the fewest spilled registers found (16 B; 32 B at the default).
+        for j0 in tl.range(0, N, BK, num_stages=1):
+            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+            Eb, Eq = _masked_decays(ca, cb, L)
+            Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq)
+            rest = tl.exp(clast[None, :] - ca)
+            X += _dot(a * tl.exp(cb), tl.load(ckpt + (j0 + kk[:, None]) * N + offs[None, :]), BF16_DOTS, INTERPRET)
+            GT = tl.load(ds0_ptr + grad_at + j0 + kk[:, None])
+            dU += _dot(b * rest, GT, BF16_DOTS, INTERPRET)
+            dV += _dot(k * rest, GT, BF16_DOTS, INTERPRET)
+        v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
         dy = tl.load(gy_ptr + at, mask=valid, other=0.0).to(tl.float32)
-        # Recompute the forward's quantities.
-        Eb, Eq = _masked_decays(ca, cb, L)
-        Ab = tl.sum(a[:, None, :] * Eb * b[None, :, :], axis=2)
-        Ak = tl.sum(a[:, None, :] * Eb * k[None, :, :], axis=2)
-        Qb = tl.sum(r[:, None, :] * Eq * b[None, :, :], axis=2)
-        Qk = tl.sum(r[:, None, :] * Eq * k[None, :, :], axis=2)
-        e_before = tl.exp(cb)
-        e_after = tl.exp(ca)
-        rest = tl.exp(clast[None, :] - ca)
-        e_all = tl.exp(clast)
-        At = a * e_before
-        Rt = r * e_after
-        Bh = b * rest
-        Kh = k * rest
         Tm = _solve_matrix(Ab, L)
-        U = _dot(Tm, _dot(At, ST0, BF16_DOTS, INTERPRET) + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
-        # From S_L: dU = B^ G^T, dV = K^ G^T, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G.
-        G = tl.trans(GT)
-        S0 = tl.trans(ST0)
-        dU = _dot(Bh, GT, BF16_DOTS, INTERPRET)
-        dV = _dot(Kh, GT, BF16_DOTS, INTERPRET)
-        dBh = _dot(U, G, BF16_DOTS, INTERPRET)
-        dKh = _dot(v, G, BF16_DOTS, INTERPRET)
-        dclast = e_all * tl.sum(ST0 * GT, axis=1)
-        # From Y.
-        dQb = tl.where(incl, _dot(dy, tl.trans(U), BF16_DOTS, INTERPRET), 0.0)
-        dQk = tl.where(incl, _dot(dy, tl.trans(v), BF16_DOTS, INTERPRET), 0.0)
+        U = _dot(Tm, X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
+        # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
         dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
         dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
-        dRt = _dot(dy, S0, BF16_DOTS, INTERPRET)
-        # From U = (I - Ab)^{-1} X.
         dX = _dot(tl.trans(Tm), dU, BF16_DOTS, INTERPRET)
-        dAb = tl.where(strict, _dot(dX, tl.trans(U), BF16_DOTS, INTERPRET), 0.0)
-        dAk = tl.where(strict, _dot(dX, tl.trans(v), BF16_DOTS, INTERPRET), 0.0)
         dV += _dot(tl.trans(Ak), dX, BF16_DOTS, INTERPRET)
-        dAt = _dot(dX, S0, BF16_DOTS, INTERPRET)
-        GT = (e_all[:, None] * GT + _dot(tl.trans(Rt), dy, BF16_DOTS, INTERPRET)
-              + _dot(tl.trans(At), dX, BF16_DOTS, INTERPRET))
-        # The masked products (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx, dc[m+1] -= y dy).
-        tx = tl.sum(Eb * (dAb[:, :, None] * b[None, :, :] + dAk[:, :, None] * k[None, :, :]), axis=1)
-        tyb = tl.sum(dAb[:, :, None] * Eb * a[:, None, :], axis=0)
-        tyk = tl.sum(dAk[:, :, None] * Eb * a[:, None, :], axis=0)
-        da = tx + dAt * e_before
-        dcb = a * tx + dAt * At
-        db = tyb
-        dk = tyk
-        dca = -(b * tyb + k * tyk)
-        tx = tl.sum(Eq * (dQb[:, :, None] * b[None, :, :] + dQk[:, :, None] * k[None, :, :]), axis=1)
-        tyb = tl.sum(dQb[:, :, None] * Eq * r[:, None, :], axis=0)
-        tyk = tl.sum(dQk[:, :, None] * Eq * r[:, None, :], axis=0)
-        dr = tx + dRt * e_after
-        dca += r * tx - (b * tyb + k * tyk) + dRt * Rt
-        db += tyb + dBh * rest
-        dk += tyk + dKh * rest
-        to_last = dBh * Bh + dKh * Kh
-        dca -= to_last
-        dclast += tl.sum(to_last, axis=0)
-        # log d of row l is in c[x] for x >= l + 1: c_after of rows >= l, c_before of rows > l, and c[L].
-        dlogd = tl.cumsum(dca, axis=0, reverse=True) + tl.cumsum(dcb, axis=0, reverse=True) - dcb + dclast[None, :]
-        _store_rows(dr_ptr, at, dr, LOW_PRECISION, valid)
-        _store_rows(dw_ptr, at, dlogd * dlog, LOW_PRECISION, valid)
-        _store_rows(dk_ptr, at, dk, LOW_PRECISION, valid)
         _store_rows(dv_ptr, at, dV, LOW_PRECISION, valid)
-        _store_rows(da_ptr, at, da, LOW_PRECISION, valid)
-        _store_rows(db_ptr, at, db, LOW_PRECISION, valid)
-    tl.store(ds0_ptr + state_at + transposed, GT)
+        # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
+        # BK-column slices of v, U and dX read back from the scratch.
+        tl.store(scratch + rows_at, U)
+        tl.store(scratch + L * N + rows_at, dX)
+        tl.debug_barrier()
+        dQb = tl.zeros((L, L), dtype=tl.float32)
+        dQk = tl.zeros((L, L), dtype=tl.float32)
+        dAb = tl.zeros((L, L), dtype=tl.float32)
+        dAk = tl.zeros((L, L), dtype=tl.float32)
+        for i0 in range(0, N, BK):
+            dy_i = tl.load(gy_ptr + at_i + i0, mask=valid, other=0.0).to(tl.float32)
+            v_i = _load_rows(v_ptr, at_i + i0, valid, LOW_PRECISION)
+            U_i = tl.load(scratch + slice_at + i0)
+            dX_i = tl.load(scratch + L * N + slice_at + i0)
+            dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
+            dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+            dAb += _dot(dX_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
+            dAk += _dot(dX_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+        dQb = tl.where(incl, dQb, 0.0)
+        dQk = tl.where(incl, dQk, 0.0)
+        dAb = tl.where(strict, dAb, 0.0)
+        dAk = tl.where(strict, dAk, 0.0)
+        # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, the new G^T,
+        # and the masked products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx,
+        # dc[m+1] -= y dy).
+        for j0 in range(0, N, BK):
+            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+            Eb, Eq = _masked_decays(ca, cb, L)
+            e_before = tl.exp(cb)
+            e_after = tl.exp(ca)
+            rest = tl.exp(clast[None, :] - ca)
+            e_all = tl.exp(clast)
+            At = a * e_before
+            Rt = r * e_after
+            Bh = b * rest
+            Kh = k * rest
+            dRt = tl.zeros((L, BK), dtype=tl.float32)
+            dAt = tl.zeros((L, BK), dtype=tl.float32)
+            dBh = tl.zeros((L, BK), dtype=tl.float32)
+            dKh = tl.zeros((L, BK), dtype=tl.float32)
+            for i0 in tl.range(0, N, BK, num_stages=2):
+                dy_i = tl.load(gy_ptr + at_i + i0, mask=valid, other=0.0).to(tl.float32)
+                v_i = _load_rows(v_ptr, at_i + i0, valid, LOW_PRECISION)
+                S0_i = tl.trans(tl.load(ckpt + (j0 + kk[:, None]) * N + i0 + kk[None, :]))
+                G_i = tl.trans(tl.load(ds0_ptr + grad_base + j0 + kk[:, None] + (i0 + kk[None, :]) * N))
+                dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET)
+                dAt += _dot(tl.load(scratch + L * N + slice_at + i0), S0_i, BF16_DOTS, INTERPRET)
+                dBh += _dot(tl.load(scratch + slice_at + i0), G_i, BF16_DOTS, INTERPRET)
+                dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET)
+            ST0 = tl.load(ckpt + (j0 + kk[:, None]) * N + offs[None, :])
+            GT = tl.load(ds0_ptr + grad_at + j0 + kk[:, None])
+            dclast = e_all * tl.sum(ST0 * GT, axis=1)
+            GT = (e_all[:, None] * GT + _dot(tl.trans(Rt), dy, BF16_DOTS, INTERPRET)
+                  + _dot(tl.trans(At), dX, BF16_DOTS, INTERPRET))
+            tx, tyb, tyk = _masked_cotangents(a, b, k, dAb, dAk, Eb)
+            da = tx + dAt * e_before
+            dcb = a * tx + dAt * At
+            db = tyb
+            dk = tyk
+            dca = -(b * tyb + k * tyk)
+            tx, tyb, tyk = _masked_cotangents(r, b, k, dQb, dQk, Eq)
+            dr = tx + dRt * e_after
+            dca += r * tx - (b * tyb + k * tyk) + dRt * Rt
+            db += tyb + dBh * rest
+            dk += tyk + dKh * rest
+            to_last = dBh * Bh + dKh * Kh
+            dca -= to_last
+            dclast += tl.sum(to_last, axis=0)
+            # log d of row l is in c[x] for x >= l + 1: c_after of rows >= l, c_before of rows > l, and c[L].
+            dlogd = (tl.cumsum(dca, axis=0, reverse=True) + tl.cumsum(dcb, axis=0, reverse=True) - dcb
+                     + dclast[None, :])
+            _store_rows(dr_ptr, at_j, dr, LOW_PRECISION, valid)
+            _store_rows(dw_ptr, at_j, dlogd * dlog, LOW_PRECISION, valid)
+            _store_rows(dk_ptr, at_j, dk, LOW_PRECISION, valid)
+            _store_rows(da_ptr, at_j, da, LOW_PRECISION, valid)
+            _store_rows(db_ptr, at_j, db, LOW_PRECISION, valid)
+            tl.debug_barrier()  # every thread has read this slice of G^T (above, and in the first pass)
+            tl.store(ds0_ptr + grad_at + j0 + kk[:, None], GT)
+        tl.debug_barrier()  # the previous chunk reads the G^T written above
 
 
 def _interpreting() -> bool:
@@ -311,9 +387,10 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     n_seqs = grad_initial.shape[0]
     if n_seqs * heads == 0:
         return
+    scratch = r.new_empty((n_seqs * heads, 2, CHUNK, n), dtype=checkpoints.dtype)
     _chunked_bwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
-        grad_initial if grad_final is None else grad_final, *grads, grad_initial, seqlen, heads,
-        N=n, L=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
+        grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
+        N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
         INTERPRET=_interpreting(), HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None,
         num_warps=NUM_WARPS[n])
