@@ -188,6 +188,7 @@ template <typename io_t, int W, bool VECTOR>
 __device__ __forceinline__ void copy_unit_heads(UnitHeads<io_t> t) {
   using R = Run<io_t, W, VECTOR>;
   constexpr int kCopyHeads = 3;
+  if (t.count == 0) return;  // then t's pointers may be null-based (no k): nothing to assume about them
   __builtin_assume(__isGlobal(t.x) && __isGlobal(t.o));
   int64_t h = 0;
 #pragma unroll 1
