@@ -18,6 +18,35 @@ using wkv7::chunked::Chunk;
 using wkv7::chunked::ChunkGrads;
 using wkv7::chunked::kChunk;
 
+// The log decays of `count` loaded w values (and d(log d)/dw when dlog is given): one loop per convention, so that
+// each vectorises (a per-element switch on the convention does not).
+template <Decay D, typename acc_t>
+void log_decays(const acc_t* w, int64_t count, acc_t* logd, acc_t* dlog) {
+  ROPEWKV_SIMD
+  for (int64_t j = 0; j < count; ++j) logd[j] = wkv7::log_decay(w[j], D);
+  if (dlog == nullptr) return;
+  ROPEWKV_SIMD
+  for (int64_t j = 0; j < count; ++j) dlog[j] = wkv7::log_decay_grad(w[j], D);
+}
+
+// Asks the cache for one head's rows of tokens [q0, q1) of a [B, T, H, N] tensor: the rows lie H * N apart, a stride
+// the hardware prefetcher learns slowly, and the chunk loop otherwise waits on every line of them.
+template <typename T>
+void prefetch_rows(const wkv7::Inputs& in, const T* x, int64_t batch, int64_t q0, int64_t q1, int64_t h) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t q = q0; q < q1; ++q) {
+    const T* row = x + ((batch * in.seqlen + q) * in.heads + h) * in.head_size;
+    for (int64_t j = 0; j < in.head_size; j += kLine) __builtin_prefetch(row + j);
+  }
+}
+
+template <typename scalar_t, typename w_scalar_t>
+void prefetch_inputs(const wkv7::Inputs& in, int64_t batch, int64_t q0, int64_t q1, int64_t h) {
+  for (const at::Tensor* x : {&in.r, &in.k, &in.v, &in.a, &in.b})
+    prefetch_rows(in, storage_ptr<scalar_t>(*x), batch, q0, q1, h);
+  prefetch_rows(in, storage_ptr<w_scalar_t>(in.w), batch, q0, q1, h);
+}
+
 // Reads one chunk's inputs (tokens q .. q + len - 1 of batch row `batch`, head h) into ch.
 template <Precision P, typename scalar_t, typename w_scalar_t, typename acc_t>
 void load_chunk(const wkv7::Inputs& in, int64_t batch, int64_t q, int len, int64_t h, Decay decay, bool with_grad,
@@ -28,17 +57,22 @@ void load_chunk(const wkv7::Inputs& in, int64_t batch, int64_t q, int len, int64
                         storage_ptr<scalar_t>(in.a), storage_ptr<scalar_t>(in.b)};
   acc_t* dst[5] = {ch.r.data(), ch.k.data(), ch.v.data(), ch.a.data(), ch.b.data()};
   const storage_t<w_scalar_t>* w = storage_ptr<w_scalar_t>(in.w);
+  acc_t* w_rows = ch.tmp_rows.data();
   ch.len = len;
   for (int l = 0; l < len; ++l) {
     const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
-    for (int x = 0; x < 5; ++x)
+    for (int x = 0; x < 5; ++x) {
+      ROPEWKV_SIMD
       for (int64_t j = 0; j < n; ++j) dst[x][l * n + j] = wkv7::load<P>(src[x][base + j]);
-    for (int64_t j = 0; j < n; ++j) {
-      const acc_t wj = wkv7::load<wkv7::kDecayMode<P, io_t>>(w[base + j]);
-      ch.logd[l * n + j] = wkv7::log_decay(wj, decay);
-      if (with_grad) ch.dlog[l * n + j] = wkv7::log_decay_grad(wj, decay);
     }
+    ROPEWKV_SIMD
+    for (int64_t j = 0; j < n; ++j) w_rows[l * n + j] = wkv7::load<wkv7::kDecayMode<P, io_t>>(w[base + j]);
   }
+  acc_t* dlog = with_grad ? ch.dlog.data() : nullptr;
+  const int64_t count = int64_t(len) * n;
+  if (decay == Decay::kLogLog) log_decays<Decay::kLogLog>(w_rows, count, ch.logd.data(), dlog);
+  if (decay == Decay::kRaw) log_decays<Decay::kRaw>(w_rows, count, ch.logd.data(), dlog);
+  if (decay == Decay::kLog) log_decays<Decay::kLog>(w_rows, count, ch.logd.data(), dlog);
   ch.prepare();
 }
 
@@ -84,6 +118,7 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
         const int len = int(chunk_end - q);
         if (save && q % kChunk == 0) std::copy(ST.begin(), ST.end(), checkpoint_slot(in, ckpt, batch, q, h));
         load_chunk<P, scalar_t, w_scalar_t>(in, batch, q, len, h, decay, false, ch);
+        prefetch_inputs<scalar_t, w_scalar_t>(in, batch, chunk_end, std::min(chunk_end + kChunk, stop), h);
         ch.forward(ST.data(), ybuf.data());
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
@@ -137,6 +172,9 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
           std::copy(slot, slot + nn, ST0.begin());
         }
         load_chunk<P, scalar_t, w_scalar_t>(in, batch, q, len, h, decay, true, ch);
+        const int64_t previous = std::max(q - kChunk, start);  // the next chunk this task reads
+        prefetch_inputs<scalar_t, w_scalar_t>(in, batch, previous, q, h);
+        prefetch_rows(in, gy, batch, previous, q, h);
         ch.solve_u(ST0.data());
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;

@@ -75,12 +75,13 @@ struct Chunk {
   std::vector<acc_t> Qb, Qk;   // L x L, m <= l: sum_j r_l[j] {b,k}_m[j] E[l+1][m+1][j]
   std::vector<acc_t> U;        // L x n: u_l = S_{l-1} a_l (the sequential form's sa)
   std::vector<acc_t> tmp;
+  std::vector<acc_t> tmp_rows;  // L x n scratch
 
   explicit Chunk(int64_t n_)
       : n(n_), r(kChunk * n_), k(kChunk * n_), v(kChunk * n_), a(kChunk * n_), b(kChunk * n_), logd(kChunk * n_),
         dlog(kChunk * n_), d(kChunk * n_), E((kChunk + 1) * (kChunk + 2) / 2 * n_), At(kChunk * n_),
         Rt(kChunk * n_), Bh(kChunk * n_), Kh(kChunk * n_), Ab(kChunk * kChunk), Ak(kChunk * kChunk),
-        Qb(kChunk * kChunk), Qk(kChunk * kChunk), U(kChunk * n_), tmp(n_) {}
+        Qb(kChunk * kChunk), Qk(kChunk * kChunk), U(kChunk * n_), tmp(n_), tmp_rows(kChunk * n_) {}
 
   acc_t* e(int x, int y) { return &E[(int64_t(x) * (x + 1) / 2 + y) * n]; }
 
