@@ -85,8 +85,7 @@ void load_initial(const wkv7::Inputs& in, int64_t s, int64_t h, acc_t* ST) {
     return;
   }
   const acc_t* src = in.initial_state.const_data_ptr<acc_t>() + (s * in.heads + h) * nn;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < n; ++j) ST[j * n + i] = src[i * n + j];
+  wkv7::chunked::transpose(ST, src, n);
 }
 
 template <typename acc_t>
@@ -95,11 +94,19 @@ acc_t* checkpoint_slot(const wkv7::Inputs& in, acc_t* ckpt, int64_t batch, int64
   return ckpt + ((batch * in.chunks + q / kChunk) * in.heads + h) * nn;
 }
 
+// The chunk's blocked products take the head size in blocks of 16 columns (api.HEAD_SIZES are 32 .. 256): checked
+// here too, for callers of the op itself.
+inline void check_head_size(const wkv7::Inputs& in) {
+  TORCH_CHECK_VALUE(in.head_size % 16 == 0 && in.head_size > 0,
+                    "wkv7_chunked: the head size N (r.size(3)) must be a positive multiple of 16, got ", in.head_size);
+}
+
 template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
 void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_out, at::Tensor& final_out,
                   at::Tensor& ckpt_out) {
   using acc_t = compute_t<io_t>;
   using w_t = storage_t<w_scalar_t>;
+  check_head_size(in);
   const int64_t n = in.head_size, nn = n * n;
   io_t* y = storage_ptr<scalar_t>(y_out);
   acc_t* final_state = final_out.data_ptr<acc_t>();
@@ -127,8 +134,7 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
         q = chunk_end;
       }
       acc_t* out = final_state + task * nn;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < n; ++j) out[i * n + j] = ST[j * n + i];
+      wkv7::chunked::transpose(out, ST.data(), n);
     }
   });
 }
@@ -138,6 +144,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
                    const at::Tensor& ckpt_in, std::array<at::Tensor, 6>& grads, at::Tensor& grad_s0) {
   using acc_t = compute_t<io_t>;
   using w_t = storage_t<w_scalar_t>;
+  check_head_size(in);
   const int64_t n = in.head_size, nn = n * n;
   const io_t* gy = storage_ptr<scalar_t>(grad_y);
   const acc_t* gs = grad_state.defined() ? grad_state.const_data_ptr<acc_t>() : nullptr;
@@ -157,30 +164,29 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
       wkv7::sequence_range(cu, s, in.seqlen, batch, start, stop);
       if (gs != nullptr) {
         const acc_t* src = gs + task * nn;
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < n; ++j) GT[j * n + i] = src[i * n + j];
+        wkv7::chunked::transpose(GT.data(), src, n);
       } else {
         std::fill(GT.begin(), GT.end(), acc_t(0));
       }
       for (int64_t chunk_end = stop; chunk_end > start;) {
         const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
         const int len = int(chunk_end - q);
+        const acc_t* st0 = ST0.data();  // the state before the chunk: the initial state, or read in its checkpoint
         if (q == start) {
           load_initial(in, s, h, ST0.data());
         } else {
-          const acc_t* slot = checkpoint_slot(in, const_cast<acc_t*>(ckpt), batch, q, h);
-          std::copy(slot, slot + nn, ST0.begin());
+          st0 = checkpoint_slot(in, const_cast<acc_t*>(ckpt), batch, q, h);
         }
         load_chunk<P, scalar_t, w_scalar_t>(in, batch, q, len, h, decay, true, ch);
         const int64_t previous = std::max(q - kChunk, start);  // the next chunk this task reads
         prefetch_inputs<scalar_t, w_scalar_t>(in, batch, previous, q, h);
         prefetch_rows(in, gy, batch, previous, q, h);
-        ch.solve_u(ST0.data());
+        ch.solve_u(st0);
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
           for (int64_t j = 0; j < n; ++j) dy[l * n + j] = wkv7::load<P>(gy[base + j]);
         }
-        wkv7::chunked::chunk_backward(ch, ST0.data(), GT.data(), dy.data(), g);
+        wkv7::chunked::chunk_backward(ch, st0, GT.data(), dy.data(), g);
         const acc_t* token_grads[6] = {g.dr.data(), nullptr, g.dk.data(), g.dv.data(), g.da.data(), g.db.data()};
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
@@ -198,8 +204,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
         chunk_end = q;
       }
       acc_t* dst = ds0 + task * nn;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < n; ++j) dst[i * n + j] = GT[j * n + i];
+      wkv7::chunked::transpose(dst, GT.data(), n);
     }
   });
 }

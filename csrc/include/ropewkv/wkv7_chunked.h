@@ -348,6 +348,17 @@ struct ChunkGrads {
         dAk(kChunk * kChunk), dQb(kChunk * kChunk), dQk(kChunk * kChunk) {}
 };
 
+// dst[i][j] = src[j][i] for n x n matrices (n a multiple of 8), in 8 x 8 tiles: a row-by-row transpose writes a
+// different cache line with every store.
+template <typename acc_t>
+void transpose(acc_t* dst, const acc_t* src, int64_t n) {
+  constexpr int64_t kTile = 8;
+  for (int64_t i0 = 0; i0 < n; i0 += kTile)
+    for (int64_t j0 = 0; j0 < n; j0 += kTile)
+      for (int64_t i = i0; i < i0 + kTile; ++i)
+        for (int64_t j = j0; j < j0 + kTile; ++j) dst[i * n + j] = src[j * n + i];
+}
+
 template <typename acc_t>
 ROPEWKV_HD acc_t dot_rows(const acc_t* x, const acc_t* y, int64_t n) {
   acc_t s = acc_t(0);
@@ -368,8 +379,7 @@ void chunk_backward(Chunk<acc_t>& ch, const acc_t* ST0, acc_t* GT, const acc_t* 
     std::fill(buf->begin(), buf->begin() + ln, acc_t(0));
   std::fill(g.dc.begin(), g.dc.begin() + (len + 1) * n, acc_t(0));
   // S0 in [v][k] layout, for the products with the state on the other side.
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < n; ++i) g.S[i * n + j] = ST0[j * n + i];
+  transpose(g.S.data(), ST0, n);
   const acc_t* S0 = g.S.data();
   const acc_t* decay_all = ch.e(len, 0);
 
@@ -377,10 +387,8 @@ void chunk_backward(Chunk<acc_t>& ch, const acc_t* ST0, acc_t* GT, const acc_t* 
   // dc[L] += sum_v S0 G e^{c[L]}.
   ch.rows_times_state(g.dU.data(), ch.Bh.data(), GT);
   ch.rows_times_state(g.dv.data(), ch.Kh.data(), GT);
-  for (int64_t j = 0; j < n; ++j) {
-    g.dc[len * n + j] = decay_all[j] * dot_rows(ST0 + j * n, GT + j * n, n);
-    for (int64_t i = 0; i < n; ++i) g.G[i * n + j] = GT[j * n + i];
-  }
+  for (int64_t j = 0; j < n; ++j) g.dc[len * n + j] = decay_all[j] * dot_rows(ST0 + j * n, GT + j * n, n);
+  transpose(g.G.data(), GT, n);
   gemm_acc(g.dBh.data(), n, ch.U.data(), n, false, g.G.data(), n, len, n, n);
   gemm_acc(g.dKh.data(), n, ch.v.data(), n, false, g.G.data(), n, len, n, n);
   // From Y = R~ S0^T + Qb U + Qk V.
