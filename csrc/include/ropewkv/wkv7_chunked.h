@@ -19,17 +19,18 @@ inline constexpr int kChunk = kCheckpointEvery;  // the chunk is the checkpoint 
 
 // C[m][:] += sum_k A(m, k) B[k][:] for m < rows, over n_cols (a multiple of kCols) contiguous columns: A(m, k) =
 // A[m * lda + k], or A[k * lda + m] when a_transposed. Register-blocked (4 rows x kCols columns of C held in locals
-// across the k loop) so that the compiler keeps the block in vector registers: the chunk's products with the state,
-// whose sequential counterparts are load-bound row loops.
+// across the k loop, one fma per entry and step) so that the compiler keeps the block in vector registers: the chunk's
+// products with the state, whose sequential counterparts are load-bound row loops.
 template <int kCols = 16, typename acc_t>
 void gemm_acc(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, bool a_transposed, const acc_t* B, int64_t ldb,
               int64_t rows, int64_t depth, int64_t n_cols) {
   constexpr int kRows = 4;
   const int64_t row_step = a_transposed ? 1 : lda, depth_step = a_transposed ? lda : 1;
-  for (int64_t m0 = 0; m0 < rows; m0 += kRows) {
-    const int mr = int(rows - m0 < kRows ? rows - m0 : kRows);
-    const acc_t* a0 = A + m0 * row_step;
-    for (int64_t c0 = 0; c0 < n_cols; c0 += kCols) {
+  // Column panels outermost: a panel of B (depth x kCols) is read once per row block, from L1 after the first.
+  for (int64_t c0 = 0; c0 < n_cols; c0 += kCols) {
+    for (int64_t m0 = 0; m0 < rows; m0 += kRows) {
+      const int mr = int(rows - m0 < kRows ? rows - m0 : kRows);
+      const acc_t* a0 = A + m0 * row_step;
       acc_t acc[kRows][kCols] = {};
       if (mr == kRows) {  // the full block: every trip count a constant, so acc stays in registers
         for (int64_t kk = 0; kk < depth; ++kk) {
@@ -38,7 +39,7 @@ void gemm_acc(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, bool a_transpo
           for (int mm = 0; mm < kRows; ++mm) {
             const acc_t x = ak[mm * row_step];
             ROPEWKV_SIMD
-            for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] += x * brow[cc];
+            for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] = std::fma(x, brow[cc], acc[mm][cc]);
           }
         }
       } else {
@@ -48,7 +49,7 @@ void gemm_acc(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, bool a_transpo
           for (int mm = 0; mm < mr; ++mm) {
             const acc_t x = ak[mm * row_step];
             ROPEWKV_SIMD
-            for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] += x * brow[cc];
+            for (int cc = 0; cc < kCols; ++cc) acc[mm][cc] = std::fma(x, brow[cc], acc[mm][cc]);
           }
         }
       }
