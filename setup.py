@@ -100,8 +100,10 @@ def _cpu_arch_flags():
 defines = _precision_defines()
 # No -ffast-math / --use_fast_math anywhere: the point of the package is precision (TE does the same). Contraction of
 # a*b+c into an fma is off (ISO C++ already implies it; stated so that -march cannot change results): the shared math
-# writes its fmas explicitly. -fopenmp also enables the `#pragma omp simd` loops of the CPU twins.
-cxx_flags = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", *defines]
+# writes its fmas explicitly. -fopenmp also enables the `#pragma omp simd` loops of the CPU twins. -fno-trapping-math
+# changes no value (the floating-point exception flags are never read): without it GCC keeps the selects of exp_poly
+# (ropewkv/decay.h) as branches, so no loop that calls it vectorises (-fopt-info-vec: "control flow in loop").
+cxx_flags = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math", *defines]
 ext_modules = [
     cpp_extension.CppExtension(
         "ropewkv._C",

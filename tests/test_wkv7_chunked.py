@@ -164,6 +164,19 @@ def test_cpu_op_passes_opcheck():
     torch.library.opcheck(torch.ops.ropewkv.wkv7_chunked_forward.default, (*args, None, 0, 0, True))
 
 
+@pytest.mark.parametrize("n", [8, 24])
+def test_cpu_op_rejects_head_size_not_multiple_of_16(n):
+    """The C++ op called directly (past api.wkv7's HEAD_SIZES check): a clear ValueError, not an out-of-bounds
+    write by the 16-column blocked products."""
+    x = parity.rwkv7_inputs(1, 20, 1, n, torch.float32, "loglog", seeded(0), "cpu", False)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        torch.ops.ropewkv.wkv7_chunked_forward(*(x[name] for name in NAMES), None, None, 0, 0, True)
+    gy = torch.zeros_like(x["r"])
+    ckpt = torch.zeros(1, 2, 1, n, n)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        torch.ops.ropewkv.wkv7_chunked_backward(gy, None, *(x[name] for name in NAMES), None, None, ckpt, 0, 0)
+
+
 @pytest.mark.parametrize("n", [128, 256])
 def test_cpu_twin_large_heads(n):
     """N = 128 and 256 (the interpreted Triton cases stop at 64 for time; the CPU twin shares their chunk math)."""

@@ -18,6 +18,35 @@ using wkv7::chunked::Chunk;
 using wkv7::chunked::ChunkGrads;
 using wkv7::chunked::kChunk;
 
+// The log decays of `count` loaded w values (and d(log d)/dw when dlog is given): one loop per convention, so that
+// each vectorises (a per-element switch on the convention does not).
+template <Decay D, typename acc_t>
+void log_decays(const acc_t* w, int64_t count, acc_t* logd, acc_t* dlog) {
+  ROPEWKV_SIMD
+  for (int64_t j = 0; j < count; ++j) logd[j] = wkv7::log_decay(w[j], D);
+  if (dlog == nullptr) return;
+  ROPEWKV_SIMD
+  for (int64_t j = 0; j < count; ++j) dlog[j] = wkv7::log_decay_grad(w[j], D);
+}
+
+// Asks the cache for one head's rows of tokens [q0, q1) of a [B, T, H, N] tensor: the rows lie H * N apart, a stride
+// the hardware prefetcher learns slowly, and the chunk loop otherwise waits on every line of them.
+template <typename T>
+void prefetch_rows(const wkv7::Inputs& in, const T* x, int64_t batch, int64_t q0, int64_t q1, int64_t h) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t q = q0; q < q1; ++q) {
+    const T* row = x + ((batch * in.seqlen + q) * in.heads + h) * in.head_size;
+    for (int64_t j = 0; j < in.head_size; j += kLine) __builtin_prefetch(row + j);
+  }
+}
+
+template <typename scalar_t, typename w_scalar_t>
+void prefetch_inputs(const wkv7::Inputs& in, int64_t batch, int64_t q0, int64_t q1, int64_t h) {
+  for (const at::Tensor* x : {&in.r, &in.k, &in.v, &in.a, &in.b})
+    prefetch_rows(in, storage_ptr<scalar_t>(*x), batch, q0, q1, h);
+  prefetch_rows(in, storage_ptr<w_scalar_t>(in.w), batch, q0, q1, h);
+}
+
 // Reads one chunk's inputs (tokens q .. q + len - 1 of batch row `batch`, head h) into ch.
 template <Precision P, typename scalar_t, typename w_scalar_t, typename acc_t>
 void load_chunk(const wkv7::Inputs& in, int64_t batch, int64_t q, int len, int64_t h, Decay decay, bool with_grad,
@@ -28,17 +57,22 @@ void load_chunk(const wkv7::Inputs& in, int64_t batch, int64_t q, int len, int64
                         storage_ptr<scalar_t>(in.a), storage_ptr<scalar_t>(in.b)};
   acc_t* dst[5] = {ch.r.data(), ch.k.data(), ch.v.data(), ch.a.data(), ch.b.data()};
   const storage_t<w_scalar_t>* w = storage_ptr<w_scalar_t>(in.w);
+  acc_t* w_rows = ch.tmp_rows.data();
   ch.len = len;
   for (int l = 0; l < len; ++l) {
     const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
-    for (int x = 0; x < 5; ++x)
+    for (int x = 0; x < 5; ++x) {
+      ROPEWKV_SIMD
       for (int64_t j = 0; j < n; ++j) dst[x][l * n + j] = wkv7::load<P>(src[x][base + j]);
-    for (int64_t j = 0; j < n; ++j) {
-      const acc_t wj = wkv7::load<wkv7::kDecayMode<P, io_t>>(w[base + j]);
-      ch.logd[l * n + j] = wkv7::log_decay(wj, decay);
-      if (with_grad) ch.dlog[l * n + j] = wkv7::log_decay_grad(wj, decay);
     }
+    ROPEWKV_SIMD
+    for (int64_t j = 0; j < n; ++j) w_rows[l * n + j] = wkv7::load<wkv7::kDecayMode<P, io_t>>(w[base + j]);
   }
+  acc_t* dlog = with_grad ? ch.dlog.data() : nullptr;
+  const int64_t count = int64_t(len) * n;
+  if (decay == Decay::kLogLog) log_decays<Decay::kLogLog>(w_rows, count, ch.logd.data(), dlog);
+  if (decay == Decay::kRaw) log_decays<Decay::kRaw>(w_rows, count, ch.logd.data(), dlog);
+  if (decay == Decay::kLog) log_decays<Decay::kLog>(w_rows, count, ch.logd.data(), dlog);
   ch.prepare();
 }
 
@@ -51,8 +85,7 @@ void load_initial(const wkv7::Inputs& in, int64_t s, int64_t h, acc_t* ST) {
     return;
   }
   const acc_t* src = in.initial_state.const_data_ptr<acc_t>() + (s * in.heads + h) * nn;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < n; ++j) ST[j * n + i] = src[i * n + j];
+  wkv7::chunked::transpose(ST, src, n);
 }
 
 template <typename acc_t>
@@ -61,11 +94,19 @@ acc_t* checkpoint_slot(const wkv7::Inputs& in, acc_t* ckpt, int64_t batch, int64
   return ckpt + ((batch * in.chunks + q / kChunk) * in.heads + h) * nn;
 }
 
+// The chunk's blocked products take the head size in blocks of 16 columns (api.HEAD_SIZES are 32 .. 256): checked
+// here too, for callers of the op itself.
+inline void check_head_size(const wkv7::Inputs& in) {
+  TORCH_CHECK_VALUE(in.head_size % 16 == 0 && in.head_size > 0,
+                    "wkv7_chunked: the head size N (r.size(3)) must be a positive multiple of 16, got ", in.head_size);
+}
+
 template <typename io_t, Precision P, typename scalar_t, typename w_scalar_t>
 void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_out, at::Tensor& final_out,
                   at::Tensor& ckpt_out) {
   using acc_t = compute_t<io_t>;
   using w_t = storage_t<w_scalar_t>;
+  check_head_size(in);
   const int64_t n = in.head_size, nn = n * n;
   io_t* y = storage_ptr<scalar_t>(y_out);
   acc_t* final_state = final_out.data_ptr<acc_t>();
@@ -84,6 +125,7 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
         const int len = int(chunk_end - q);
         if (save && q % kChunk == 0) std::copy(ST.begin(), ST.end(), checkpoint_slot(in, ckpt, batch, q, h));
         load_chunk<P, scalar_t, w_scalar_t>(in, batch, q, len, h, decay, false, ch);
+        prefetch_inputs<scalar_t, w_scalar_t>(in, batch, chunk_end, std::min(chunk_end + kChunk, stop), h);
         ch.forward(ST.data(), ybuf.data());
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
@@ -92,8 +134,7 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
         q = chunk_end;
       }
       acc_t* out = final_state + task * nn;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < n; ++j) out[i * n + j] = ST[j * n + i];
+      wkv7::chunked::transpose(out, ST.data(), n);
     }
   });
 }
@@ -103,6 +144,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
                    const at::Tensor& ckpt_in, std::array<at::Tensor, 6>& grads, at::Tensor& grad_s0) {
   using acc_t = compute_t<io_t>;
   using w_t = storage_t<w_scalar_t>;
+  check_head_size(in);
   const int64_t n = in.head_size, nn = n * n;
   const io_t* gy = storage_ptr<scalar_t>(grad_y);
   const acc_t* gs = grad_state.defined() ? grad_state.const_data_ptr<acc_t>() : nullptr;
@@ -122,27 +164,29 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
       wkv7::sequence_range(cu, s, in.seqlen, batch, start, stop);
       if (gs != nullptr) {
         const acc_t* src = gs + task * nn;
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < n; ++j) GT[j * n + i] = src[i * n + j];
+        wkv7::chunked::transpose(GT.data(), src, n);
       } else {
         std::fill(GT.begin(), GT.end(), acc_t(0));
       }
       for (int64_t chunk_end = stop; chunk_end > start;) {
         const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
         const int len = int(chunk_end - q);
+        const acc_t* st0 = ST0.data();  // the state before the chunk: the initial state, or read in its checkpoint
         if (q == start) {
           load_initial(in, s, h, ST0.data());
         } else {
-          const acc_t* slot = checkpoint_slot(in, const_cast<acc_t*>(ckpt), batch, q, h);
-          std::copy(slot, slot + nn, ST0.begin());
+          st0 = checkpoint_slot(in, const_cast<acc_t*>(ckpt), batch, q, h);
         }
         load_chunk<P, scalar_t, w_scalar_t>(in, batch, q, len, h, decay, true, ch);
-        ch.solve_u(ST0.data());
+        const int64_t previous = std::max(q - kChunk, start);  // the next chunk this task reads
+        prefetch_inputs<scalar_t, w_scalar_t>(in, batch, previous, q, h);
+        prefetch_rows(in, gy, batch, previous, q, h);
+        ch.solve_u(st0);
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
           for (int64_t j = 0; j < n; ++j) dy[l * n + j] = wkv7::load<P>(gy[base + j]);
         }
-        wkv7::chunked::chunk_backward(ch, ST0.data(), GT.data(), dy.data(), g);
+        wkv7::chunked::chunk_backward(ch, st0, GT.data(), dy.data(), g);
         const acc_t* token_grads[6] = {g.dr.data(), nullptr, g.dk.data(), g.dv.data(), g.da.data(), g.db.data()};
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
@@ -160,8 +204,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
         chunk_end = q;
       }
       acc_t* dst = ds0 + task * nn;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < n; ++j) dst[i * n + j] = GT[j * n + i];
+      wkv7::chunked::transpose(dst, GT.data(), n);
     }
   });
 }
