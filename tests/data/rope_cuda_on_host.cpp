@@ -98,7 +98,8 @@ void run_case(const std::string& dir) {
   p.conjugate = conjugate != 0;
   p.attention_scaling = scaling;
   const std::vector<unsigned char> inv_freq = read_file(dir + "/inv_freq.bin");
-  const std::vector<unsigned char> offsets = has_offsets ? read_file(dir + "/offsets.bin") : std::vector<unsigned char>{};
+  const std::vector<unsigned char> offsets =
+      has_offsets ? read_file(dir + "/offsets.bin") : std::vector<unsigned char>{};
   p.inv_freq = reinterpret_cast<const float*>(inv_freq.data());
   p.offsets = has_offsets ? reinterpret_cast<const int64_t*>(offsets.data()) : nullptr;
 
