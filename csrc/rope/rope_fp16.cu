@@ -1,5 +1,5 @@
 // RoPE CUDA kernels for fp16 I/O (one file per dtype so the builds run in parallel).
-#include "rope_kernel.cuh"
+#include "rope_launch.cuh"
 
 namespace ropewkv::cuda {
 

@@ -1,5 +1,6 @@
 #pragma once
-// The RoPE CUDA kernel, instantiated per I/O dtype by rope_{fp32,fp16,bf16}.cu. Torch-free.
+// The RoPE CUDA kernel, launched by rope_launch.cuh (instantiated per I/O dtype by rope_{fp32,fp16,bf16}.cu).
+// Torch-free.
 //
 // The thread map (ropewkv/rope.h, tested on the host): a thread owns one (token, head group, unit of `width` dims),
 // computes the cos/sin of its unit's frequencies once, then walks its heads of q and of k in batches of
@@ -7,11 +8,13 @@
 // first batch's while the angles are computed), one 16-byte access per run of dims on the vector path. No
 // per-element index math: a batch advances a pointer by a stride. Inputs that are not 16-byte aligned (pointers,
 // strides, the rotary split) take the element-wise instantiation (VECTOR = false), chosen on the host.
+//
+// The host launch (<<<>>>) is in rope_launch.cuh, so that this header also compiles with g++ against a host stand-in
+// of ropewkv/cuda_common.cuh: tests/test_rope_cuda_on_host.py runs the kernel's every thread on the CPU.
 #include <type_traits>
 
 #include "ropewkv/cuda_common.cuh"
 #include "ropewkv/rope.h"
-#include "ropewkv/rope_cuda.h"
 
 namespace ropewkv::cuda {
 
@@ -265,44 +268,19 @@ __global__ void __launch_bounds__(kRopeThreads, kRopeMinBlocks<io_t, P, INTERLEA
   rotate_batches(batch, order, p.rot_half, rotate);
 }
 
-template <typename io_t, Precision P, bool VECTOR>
-void launch_style(const rope::Params& p, const rope::ThreadMap& m, unsigned grid, cudaStream_t stream) {
-  if (p.interleaved) {
-    rope_kernel<io_t, P, VECTOR, true><<<grid, kRopeThreads, 0, stream>>>(p, m);
-  } else {
-    rope_kernel<io_t, P, VECTOR, false><<<grid, kRopeThreads, 0, stream>>>(p, m);
-  }
-}
+// What rope_launch runs: the vector width (0: the element-wise instantiation) and the thread map. target_threads:
+// make_thread_map's (the host test lowers it to give threads several heads at small shapes).
+struct RopeLaunchPlan {
+  int64_t vec;
+  rope::ThreadMap map;
+};
 
-template <typename io_t, Precision P>
-void launch_path(const rope::Params& p, int64_t vec, const rope::ThreadMap& m, unsigned grid, cudaStream_t stream) {
-  if (vec > 0) {
-    launch_style<io_t, P, true>(p, m, grid, stream);
-  } else {
-    launch_style<io_t, P, false>(p, m, grid, stream);
-  }
-}
-
-template <typename io_t>
-cudaError_t rope_launch(const rope::Params& p, Precision precision, cudaStream_t stream) {
-  const int64_t tokens = p.batch * p.seqlen;
-  if (tokens == 0 || p.head_dim == 0 || (p.hq == 0 && (p.k == nullptr || p.hk == 0))) return cudaSuccess;
+inline RopeLaunchPlan plan_rope_launch(const rope::Params& p, int64_t element_bytes,
+                                       int64_t target_threads = rope::kRopeTargetThreads) {
   const bool in_place = p.q_out == p.q && (p.k == nullptr || p.k_out == p.k);
   const bool copy_rest = !in_place && p.head_dim > 2 * p.rot_half;
-  const int64_t vec = rope::rope_vector_width(p, sizeof(io_t), copy_rest);
-  const rope::ThreadMap m = rope::make_thread_map(p, vec, copy_rest);
-  if (m.threads == 0) return cudaSuccess;
-  const int64_t blocks = (m.threads + kRopeThreads - 1) / kRopeThreads;
-  // One thread per work item, and gridDim.x <= 2^31 - 1: 2.7e11 threads, each owning at least one element of q or k
-  // (550 GB of bf16), more than any GPU holds; never hit in practice.
-  if (blocks > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
-  const auto grid = unsigned(blocks);
-  if (precision == Precision::kBF16) {
-    launch_path<io_t, Precision::kBF16>(p, vec, m, grid, stream);
-  } else {
-    launch_path<io_t, Precision::kFP32>(p, vec, m, grid, stream);
-  }
-  return cudaGetLastError();
+  const int64_t vec = rope::rope_vector_width(p, element_bytes, copy_rest);
+  return {vec, rope::make_thread_map(p, vec, copy_rest, target_threads)};
 }
 
 }  // namespace ropewkv::cuda
