@@ -74,4 +74,22 @@ ROPEWKV_WKV7_DECLARE(64, wkv7::DecayStorage::kFloat32)
 ROPEWKV_WKV7_DECLARE(128, wkv7::DecayStorage::kFloat32)
 #undef ROPEWKV_WKV7_DECLARE
 
+// The chunked forward (ropewkv::wkv7_chunked_forward; csrc/wkv7/wkv7_chunked_kernels.cuh): the same parameters,
+// outputs and checkpoints as wkv7_forward. Instantiated for N = 32, 64, 128 and both storages of w. (The chunked
+// backward's CUDA impl is the sequential wkv7_backward, which recomputes from the same checkpoints.)
+template <int N, wkv7::DecayStorage W>
+cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream);
+
+#define ROPEWKV_WKV7_CHUNKED_DECLARE(N)                                                                          \
+  extern template cudaError_t wkv7_chunked_forward<N, wkv7::DecayStorage::kIO>(DType, Precision,               \
+                                                                                const Wkv7ForwardParams&,       \
+                                                                                cudaStream_t);                  \
+  extern template cudaError_t wkv7_chunked_forward<N, wkv7::DecayStorage::kFloat32>(DType, Precision,          \
+                                                                                     const Wkv7ForwardParams&,  \
+                                                                                     cudaStream_t);
+ROPEWKV_WKV7_CHUNKED_DECLARE(32)
+ROPEWKV_WKV7_CHUNKED_DECLARE(64)
+ROPEWKV_WKV7_CHUNKED_DECLARE(128)
+#undef ROPEWKV_WKV7_CHUNKED_DECLARE
+
 }  // namespace ropewkv::cuda

@@ -1,0 +1,40 @@
+#pragma once
+// The host launch of the chunked WKV7 forward kernel (wkv7_chunked_kernels.cuh, kept free of launch syntax for the
+// host emulator), instantiated per head size by wkv7_chunked_n*.cu.
+#include "wkv7_chunked_kernels.cuh"
+#include "wkv7_kernels.cuh"  // dispatch_io_w
+
+namespace ropewkv::cuda {
+
+// The value rows per block (the state slice a block keeps). Each block recomputes the chunk's v-independent products,
+// so fewer, wider slices cost less in all; 32 keeps the slice's state in registers at N = 128 (32 floats a thread)
+// and gives N / 32 blocks per (sequence, head) (benchmarks/NOTES.md, "Chunked WKV7", for the counts).
+template <int N>
+inline constexpr int kChunkedValueSlice = 32;
+
+template <int N, DecayStorage W>
+cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream) {
+  constexpr int kVS = kChunkedValueSlice<N>;
+  const int64_t tasks = p.size.n_seqs * p.size.heads;  // grid axis 0 (axis 1, capped at 65,535, holds the slices)
+  if (tasks == 0) return cudaSuccess;
+  if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid(unsigned(tasks), N / kVS);
+  return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {
+    using io_t = decltype(io_tag);
+    using w_t = decltype(w_tag);
+    constexpr int kThreads = wkv7_chunked_detail::kThreads;
+    if (precision == Precision::kBF16) {
+      wkv7_chunked_detail::chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kBF16><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      wkv7_chunked_detail::chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kFP32><<<grid, kThreads, 0, stream>>>(p);
+    }
+  });
+}
+
+#define ROPEWKV_WKV7_CHUNKED_INSTANTIATE(N)                                                                      \
+  template cudaError_t wkv7_chunked_forward<N, DecayStorage::kIO>(DType, Precision, const Wkv7ForwardParams&,      \
+                                                                   cudaStream_t);                                 \
+  template cudaError_t wkv7_chunked_forward<N, DecayStorage::kFloat32>(DType, Precision, const Wkv7ForwardParams&, \
+                                                                        cudaStream_t);
+
+}  // namespace ropewkv::cuda
