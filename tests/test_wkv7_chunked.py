@@ -126,11 +126,13 @@ def test_algorithm_argument():
     torch.testing.assert_close(y_auto, y_seq, rtol=0, atol=0)  # auto is the sequential form until a GPU decides
 
 
-def test_cuda_chunked_is_not_implemented():
+def test_chunked_is_routed_on_every_backend():
+    """backend="cuda" runs the chunked C++ op too (its CUDA impl: csrc/wkv7/wkv7_chunked_kernels.cuh, run on the host
+    by test_wkv7_chunked_cuda_on_host.py); only "auto" picks the algorithm."""
     from ropewkv.ops.rwkv7 import api
 
-    with pytest.raises(NotImplementedError, match="no CUDA twin"):
-        api._resolve_algorithm("chunked", "cuda")
+    assert api._resolve_algorithm("chunked") == "chunked"
+    assert api._resolve_algorithm("auto") == "sequential"
 
 
 @pytest.mark.parametrize("bounds", [None, [0, 7, 20]])

@@ -22,11 +22,11 @@ cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7For
   return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {
     using io_t = decltype(io_tag);
     using w_t = decltype(w_tag);
-    constexpr int kThreads = wkv7_chunked_detail::kThreads;
+    using namespace wkv7_chunked_detail;
     if (precision == Precision::kBF16) {
-      wkv7_chunked_detail::chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kBF16><<<grid, kThreads, 0, stream>>>(p);
+      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kBF16><<<grid, kThreads, 0, stream>>>(p);
     } else {
-      wkv7_chunked_detail::chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kFP32><<<grid, kThreads, 0, stream>>>(p);
+      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kFP32><<<grid, kThreads, 0, stream>>>(p);
     }
   });
 }

@@ -1,4 +1,5 @@
-// CUDA glue of the WKV7 ops: checks, allocation, head-size dispatch, stream; the kernels live in wkv7_n*.cu.
+// CUDA glue of the WKV7 ops (sequential and chunked): checks, allocation, head-size dispatch, stream; the kernels live
+// in wkv7_n*.cu and wkv7_chunked_n*.cu.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -63,7 +64,10 @@ cuda::Wkv7Sizes sizes_of(const wkv7::Inputs& in, int64_t decay) {
   return {in.batch, in.seqlen, in.heads, in.n_seqs, in.chunks, int(decay), optional_ptr<int64_t>(in.cu_seqlens)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv7_forward_cuda(
+// The forward of either algorithm: CHUNKED picks cuda::wkv7_chunked_forward over cuda::wkv7_forward (same
+// parameters, outputs and checkpoints).
+template <bool CHUNKED>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda(
     const at::Tensor& r, const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
     const at::Tensor& b, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
     int64_t decay, int64_t precision, bool save_checkpoints) {
@@ -87,7 +91,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv7_forward_cuda(
   C10_CUDA_CHECK(by_instantiation(in, [&](auto n, auto storage) {
     constexpr int kN = decltype(n)::value;
     constexpr wkv7::DecayStorage kW = decltype(storage)::value;
-    return cuda::wkv7_forward<kN, kW>(dtype, precision_from(precision), params, c10::cuda::getCurrentCUDAStream());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    if constexpr (CHUNKED) return cuda::wkv7_chunked_forward<kN, kW>(dtype, precision_from(precision), params, stream);
+    return cuda::wkv7_forward<kN, kW>(dtype, precision_from(precision), params, stream);
   }));
   return {y, final_state, ckpt};
 }
@@ -176,8 +182,13 @@ at::Tensor wkv7_step_cuda(const at::Tensor& r, const at::Tensor& w, const at::Te
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ropewkv, CUDA, m) {
-  m.impl("wkv7_forward", &wkv7_forward_cuda);
+  m.impl("wkv7_forward", &forward_cuda<false>);
   m.impl("wkv7_backward", &wkv7_backward_cuda);
+  m.impl("wkv7_chunked_forward", &forward_cuda<true>);
+  // No chunked CUDA backward yet: the sequential one serves, since it recomputes each chunk's states from the same
+  // checkpoints (fp32 S before every 16-token chunk aligned in the packed time axis, k-major) that the chunked
+  // forward saves, so chunked forward + sequential backward is the exact gradient (to fp32 rounding).
+  m.impl("wkv7_chunked_backward", &wkv7_backward_cuda);
   m.impl("wkv7_step", &wkv7_step_cuda);
 }
 

@@ -55,18 +55,15 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
     return resolved
 
 
-def _resolve_algorithm(algorithm, backend: str) -> str:
-    """The algorithm for `algorithm` on the resolved backend. "auto" is "sequential" everywhere until a GPU measures
+def _resolve_algorithm(algorithm) -> str:
+    """The algorithm for `algorithm`: every backend runs both. "auto" is "sequential" everywhere until a GPU measures
     the chunked/sequential crossover (benchmarks/NOTES.md, "Chunked WKV7"): on the CPU twin the chunked form is
-    about 2x faster at T = 4096 (short of the 3x the rule asks for) and untimed at short T, and the Triton chunked
-    kernel is untimed on a GPU so far."""
+    about 2x faster at T = 4096 (short of the 3x the rule asks for) and untimed at short T, and the Triton and CUDA
+    chunked kernels are untimed on a GPU so far."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "auto":
         return "sequential"
-    if algorithm == "chunked" and backend == "cuda":
-        raise NotImplementedError("algorithm='chunked' has no CUDA twin yet: use backend='triton' (the chunked "
-                                  "Triton kernel) or algorithm='sequential' with backend='cuda'")
     return algorithm
 
 
@@ -170,16 +167,17 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
             steps). Ignored by fp64 inputs and by the reference backend.
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
         algorithm: "auto" | "sequential" | "chunked". "sequential" steps the state token by token; "chunked" runs
-            16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu
-            and triton backends (cuda: NotImplementedError). "auto" is "sequential" until a GPU measures the
-            crossover (see _resolve_algorithm). The reference backend is the fp64 oracle whatever the algorithm.
+            16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu,
+            triton and cuda backends (cuda: a chunked forward, fp32 SIMT so far, and the sequential backward, which
+            recomputes from the same checkpoints). "auto" is "sequential" until a GPU measures the crossover (see
+            _resolve_algorithm). The reference backend is the fp64 oracle whatever the algorithm.
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
     Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included; w's
     gradient comes in w's dtype.
     """
     resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
-    algorithm = _resolve_algorithm(algorithm, resolved)
+    algorithm = _resolve_algorithm(algorithm)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
