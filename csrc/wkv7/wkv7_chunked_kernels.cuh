@@ -30,6 +30,14 @@ using wkv7::Decay;
 inline constexpr int kL = wkv7::kCheckpointEvery;  // the chunk (wkv7::chunked::kChunk): one checkpoint per chunk
 inline constexpr int kThreads = 128;
 
+// The value rows per block (the state slice a block keeps, N / (kThreads / VS) floats a thread). Every block
+// recomputes the chunk's v-independent part (loads, decays, masked products), so the widest slice whose state fits
+// the registers costs least in all: the whole head at N = 32 and 64 (one block per (sequence, head); at N = 64, 49K
+// SASS instructions per token-head against 78K for two slices of 32), 32 rows at N = 128, whose 32 state floats a
+// thread already take 182-188 registers (benchmarks/NOTES.md, "Chunked WKV7", for the counts).
+template <int N>
+inline constexpr int kValueSlice = N == 64 ? 64 : 32;
+
 // The threads' two roles. (1) The v-dependent products: thread t owns value row v of the slice (kSegs threads per
 // row, in one warp, kVPerWarp rows per warp) and k columns j = 4 (kSegs g + seg) + e, g < kGroups, e < 4: 16-byte
 // shared loads, consecutive segments on consecutive lanes (no bank conflict), the row sums reduced by shuffles.
@@ -47,6 +55,7 @@ struct Layout {
   static_assert(kThreads == kL / 2 * kPairLanes, "one 16-lane group per pair of chunk rows");
   static constexpr int kCols = N / kPairLanes;
   static_assert(N <= kThreads, "a thread per k column scales the rows");
+  static_assert(kL * N % kThreads == 0, "the threads load a chunk's rows in whole passes");
 };
 
 // The chunk's v-independent quantities, fp32, [row][k]. r, a, b, k become R~, A~, B^, K^ in place once the masked
@@ -117,27 +126,28 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
     }
     __syncthreads();  // the previous chunk's readers of sm are done
 
-    // The chunk's inputs, widened (bf16-rounded first in the bf16 mode); rows past the chunk zero, decay 1.
-    for (int e = t; e < kL * N; e += kThreads) {
-      const int l = e / N, j = e % N;
-      float rv = 0.f, kv = 0.f, av = 0.f, bv = 0.f, dv = 1.f;
-      if (l < len) {
-        const int64_t idx = token_index(q + l) + j;
-        rv = wkv7::load<P>(r[idx]);
-        kv = wkv7::load<P>(k[idx]);
-        av = wkv7::load<P>(a[idx]);
-        bv = wkv7::load<P>(b[idx]);
-        dv = wkv7::decay_of(wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]), decay);
-      }
-      sm.r[l][j] = rv;
-      sm.k[l][j] = kv;
-      sm.a[l][j] = av;
-      sm.b[l][j] = bv;
-      sm.d[l][j] = dv;
+    // The chunk's inputs, widened (bf16-rounded first in the bf16 mode); rows past the chunk zero, decay 1. They read
+    // the chunk's last row and drop it, so that the loads need no branch.
+#pragma unroll
+    for (int i = 0; i < kL * N / kThreads; ++i) {
+      const int l = (t + kThreads * i) / N, j = (t + kThreads * i) % N;
+      const bool in_chunk = l < len;
+      const int64_t idx = token_index(q + (in_chunk ? l : len - 1)) + j;
+      const float rv = wkv7::load<P>(r[idx]), kv = wkv7::load<P>(k[idx]);
+      const float av = wkv7::load<P>(a[idx]), bv = wkv7::load<P>(b[idx]);
+      const float dv = wkv7::decay_of(wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]), decay);
+      sm.r[l][j] = in_chunk ? rv : 0.f;
+      sm.k[l][j] = in_chunk ? kv : 0.f;
+      sm.a[l][j] = in_chunk ? av : 0.f;
+      sm.b[l][j] = in_chunk ? bv : 0.f;
+      sm.d[l][j] = in_chunk ? dv : 1.f;
     }
     float vv[kL];  // V[:, vi]
 #pragma unroll
-    for (int l = 0; l < kL; ++l) vv[l] = l < len ? wkv7::load<P>(v[token_index(q + l) + vi]) : 0.f;
+    for (int l = 0; l < kL; ++l) {
+      const float x = wkv7::load<P>(v[token_index(q + (l < len ? l : len - 1)) + vi]);
+      vv[l] = l < len ? x : 0.f;
+    }
     __syncthreads();
 
     // The masked products. With 1-based positions 1 <= y <= x <= L and E(x, y) = d_{y+1} ... d_x:
@@ -172,17 +182,20 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
           sqk = fmaf(re, km, sqk);
           ex[i] *= sm.d[yy - 1][j];
         }
-        sab = lane_sum<1, Lay::kPairLanes>(sab);
-        sak = lane_sum<1, Lay::kPairLanes>(sak);
-        sqb = lane_sum<1, Lay::kPairLanes>(sqb);
-        sqk = lane_sum<1, Lay::kPairLanes>(sqk);
-        if (c == 0) {
-          if (x < kL) {
-            sm.Ab[x][yy - 1] = sab;
-            sm.Ak[x][yy - 1] = sak;
-          }
-          sm.Qb[x - 1][yy - 1] = sqb;
-          sm.Qk[x - 1][yy - 1] = sqk;
+        // The four sums over the 16 lanes, reduce-scatter: lanes swap halves of what they hold (xor 8: two of the
+        // four partials, xor 4: one of two), then add up the one left (xor 2, 1). Lane c ends with output c / 4
+        // (Ab, Ak, Qb, Qk) in full, in 4 shuffles instead of 16.
+        const bool upper = c & 8, odd = c & 4;
+        float keep0 = upper ? sqb : sab, keep1 = upper ? sqk : sak;
+        keep0 += __shfl_xor_sync(0xffffffffu, upper ? sab : sqb, 8);
+        keep1 += __shfl_xor_sync(0xffffffffu, upper ? sak : sqk, 8);
+        float sum = odd ? keep1 : keep0;
+        sum += __shfl_xor_sync(0xffffffffu, odd ? keep0 : keep1, 4);
+        sum = lane_sum<1, 4>(sum);
+        if (c % 4 == 0 && (upper || x < kL)) {
+          float(*out)[kL] = upper ? (odd ? sm.Qk : sm.Qb) : (odd ? sm.Ak : sm.Ab);
+          const int row = upper ? x - 1 : x;
+          out[row][yy - 1] = sum;
         }
       }
     }
@@ -232,15 +245,26 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
       yv[l] = lane_sum<Lay::kVPerWarp, 32>(yv[l]);
     }
     // U = U0 + Ab U + Ak V: forward substitution (I - Ab is unit lower triangular: no division).
+    // (Rows of Ab, Ak, Qb, Qk are read 4 entries at a time; the entries past the mask are never used.)
 #pragma unroll
-    for (int l = 1; l < kL; ++l)
+    for (int l = 1; l < kL; ++l) {
 #pragma unroll
-      for (int m = 0; m < l; ++m) u[l] = fmaf(sm.Ab[l][m], u[m], fmaf(sm.Ak[l][m], vv[m], u[l]));
+      for (int m4 = 0; m4 < l; m4 += 4) {
+        const Float4 ab = load4(&sm.Ab[l][m4]), ak = load4(&sm.Ak[l][m4]);
+#pragma unroll
+        for (int e = 0; e < 4 && m4 + e < l; ++e) u[l] = fmaf(ab.x[e], u[m4 + e], fmaf(ak.x[e], vv[m4 + e], u[l]));
+      }
+    }
     // Y = Y0 + Qb U + Qk V; each of the row's kSegs lanes stores every kSegs-th token.
 #pragma unroll
     for (int l = 0; l < kL; ++l) {
 #pragma unroll
-      for (int m = 0; m <= l; ++m) yv[l] = fmaf(sm.Qb[l][m], u[m], fmaf(sm.Qk[l][m], vv[m], yv[l]));
+      for (int m4 = 0; m4 <= l; m4 += 4) {
+        const Float4 qb = load4(&sm.Qb[l][m4]), qk = load4(&sm.Qk[l][m4]);
+#pragma unroll
+        for (int e = 0; e < 4 && m4 + e <= l; ++e)
+          yv[l] = fmaf(qb.x[e], u[m4 + e], fmaf(qk.x[e], vv[m4 + e], yv[l]));
+      }
       if (l < len && l % kSegs == seg) y[token_index(q + l) + vi] = wkv7::store<io_t, P>(yv[l]);
     }
     // S_L = S0 diag(E(L, 0)) + U^T B^ + V^T K^ for row vi.

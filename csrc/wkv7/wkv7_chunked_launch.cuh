@@ -6,15 +6,9 @@
 
 namespace ropewkv::cuda {
 
-// The value rows per block (the state slice a block keeps). Each block recomputes the chunk's v-independent products,
-// so fewer, wider slices cost less in all; 32 keeps the slice's state in registers at N = 128 (32 floats a thread)
-// and gives N / 32 blocks per (sequence, head) (benchmarks/NOTES.md, "Chunked WKV7", for the counts).
-template <int N>
-inline constexpr int kChunkedValueSlice = 32;
-
 template <int N, DecayStorage W>
 cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream) {
-  constexpr int kVS = kChunkedValueSlice<N>;
+  constexpr int kVS = wkv7_chunked_detail::kValueSlice<N>;
   const int64_t tasks = p.size.n_seqs * p.size.heads;  // grid axis 0 (axis 1, capped at 65,535, holds the slices)
   if (tasks == 0) return cudaSuccess;
   if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;

@@ -19,6 +19,7 @@ class Loop:
     instructions: int        # static, the whole body
     work: sass.Path          # one iteration storing the most (e.g. RoPE's rotation, not its pass-through copy)
     lean: sass.Path          # one iteration storing the least (e.g. without WKV7's every-16th-token checkpoint)
+    inner: list[Loop] = field(default_factory=list)  # an outer loop's innermost loops (their bodies once in work/lean)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Kernel:
     threads: int | None      # per block: Triton's num_warps * 32; CUDA: known only at launch
     work: sass.Path          # entry to exit, every loop body taken once, storing the most
     loops: list[Loop] = field(default_factory=list)  # innermost loops only
+    outer_loops: list[Loop] = field(default_factory=list)  # the others (e.g. the chunked WKV7 forward's chunk loop)
 
     @property
     def hot_loop(self) -> Loop | None:
@@ -45,14 +47,19 @@ class Kernel:
 
 def summarise(key, twin, source, name, resources, instructions, threads=None) -> Kernel:
     flow = sass.ControlFlow(instructions)
-    loops = []
-    for loop in filter(lambda loop: loop.innermost, flow.loops):
+    summaries = {}
+    for loop in flow.loops:
         paths = flow.paths(loop)
         size = sum(len(flow.blocks[b].instructions) for b in loop.blocks)
-        loops.append(Loop(loop.address, size, paths[max(paths)], paths[min(paths)]))
+        summaries[loop.header] = Loop(loop.address, size, paths[max(paths)], paths[min(paths)])
+    for loop in flow.loops:
+        summaries[loop.header].inner = [summaries[other.header] for other in flow.loops
+                                        if other.innermost and other is not loop and other.header in loop.blocks]
     paths = flow.paths()
     return Kernel(key, twin, source, name, resources["registers"], resources["stack"], resources["spill_stores"],
-                  resources["spill_loads"], resources["shared"], threads, paths[max(paths)], loops)
+                  resources["spill_loads"], resources["shared"], threads, paths[max(paths)],
+                  [summaries[loop.header] for loop in flow.loops if loop.innermost],
+                  [summaries[loop.header] for loop in flow.loops if not loop.innermost])
 
 
 def cuda_kernels(root: str, source: str) -> list[Kernel]:

@@ -20,11 +20,17 @@ The model (stated in the report too):
   fill the pipelines). If every instruction waits for the previous one (4-cycle FMA latency) and each token exposes
   one DRAM load latency (~600 cycles, no prefetch), it takes max(w, 4) * I + 600 cycles. Time: T x the cycles
   summed over the waves of the grid (a partial last wave has fewer warps per scheduler).
+- Chunked kernels (the CUDA chunked WKV7 forward) are the same dependent chain per chunk of 16 tokens instead of
+  per token: per chunk, one iteration of the chunk loop on its work path (the checkpoint stored: training saves one
+  per chunk) with each loop nested in it taken as many times as it runs per chunk (Workload.inner_trips), its
+  once-per-sequence code not counted; the chain bounds as above with I the instructions per chunk and one DRAM
+  latency per chunk.
 - Predicted = max(memory, issue, chain at its lower bound); the chain's upper bound is printed beside it.
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from .sass import Path
@@ -58,6 +64,8 @@ class Workload:
     triton: tuple = ()      # kernels.TRITON entries predicted here
     tokens: int = 0         # > 0: a sequential recurrence over this many tokens per block
     cuda_blocks: int = 0    # CUDA blocks where its grid differs from Triton's (0: blocks)
+    chunk: int = 0          # > 0: the recurrence steps this many tokens per iteration of the kernel's outer loop
+    inner_trips: int = 0    # chunked: the iterations per chunk of each loop nested in the chunk loop
 
 
 def _rope() -> Workload:
@@ -87,6 +95,19 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
                     cuda_threads=n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t)
 
 
+def _wkv7_chunked(heads: int, n: int) -> Workload:
+    """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, 32 value rows) of
+    128 threads; per chunk its masked-product loop runs 17 times (the 16-lane groups' pairs of chunk rows). Its floor
+    is the sequential forward's (each slice's block reads the head's r, w, k, a, b again: from L2, as the model assumes
+    of repeated loads)."""
+    sequential = _wkv7(False, heads, n)
+    b, t, slice_rows = 8, 4096, 64 if n == 64 else 32
+    return Workload(f"WKV7 chunked fwd B{b} T{t} H{heads} N{n} bf16", "token-head", sequential.units, sequential.read,
+                    sequential.written, b * heads * (n // slice_rows),
+                    cuda=(f"chunked_forward_kernel<{n}, {slice_rows}, bf16_t, bf16_t, kFP32>",), cuda_threads=128,
+                    tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17)
+
+
 def _decode() -> Workload:
     b, heads, n = 256, 64, 64
     state = b * heads * n * n * 4
@@ -108,7 +129,7 @@ def _log_decay(backward: bool) -> Workload:
 
 
 WORKLOADS = [_rope(), _wkv7(False, 64, 64), _wkv7(True, 64, 64), _wkv7(False, 32, 128), _wkv7(True, 32, 128),
-             _decode(), _log_decay(False), _log_decay(True)]
+             _wkv7_chunked(64, 64), _wkv7_chunked(32, 128), _decode(), _log_decay(False), _log_decay(True)]
 
 
 @dataclass
@@ -155,6 +176,22 @@ def blocks_per_sm(registers: int, threads: int, shared: int) -> int:
     return max(0, min(BLOCKS_PER_SM, THREADS_PER_SM // (warps * 32), by_registers, by_shared))
 
 
+def chunk_iteration(kernel, workload: Workload) -> Path:
+    """One iteration of the kernel's chunk loop (its one outer loop) on its work path, with each loop nested in it
+    taken workload.inner_trips times."""
+    if len(kernel.outer_loops) != 1:
+        raise LookupError(f"{kernel.key}: {len(kernel.outer_loops)} outer loops, the chunked model expects one (the "
+                          "chunk loop); update tools/static_report/model.py to the kernel as it is now")
+    outer = kernel.outer_loops[0]
+    more = sum((inner.work for inner in outer.inner), start=Path())
+    return outer.work + _times(more, workload.inner_trips - 1)
+
+
+def _times(path: Path, count: int) -> Path:
+    return Path(path.instructions * count, path.loaded * count, path.stored * count, path.stored_unmasked * count,
+                Counter({access: n * count for access, n in path.accesses.items()}))
+
+
 def predict(kernel, workload: Workload) -> Prediction:
     threads = kernel.threads or workload.cuda_threads
     blocks = workload.cuda_blocks if kernel.twin == "cuda" and workload.cuda_blocks else workload.blocks
@@ -169,13 +206,18 @@ def predict(kernel, workload: Workload) -> Prediction:
         in_flight = min(SMS * resident, blocks - first)
         waves.append(math.ceil(math.ceil(in_flight / SMS) * math.ceil(threads / 32) / SCHEDULERS))
     if workload.tokens:
-        per_token = sum((loop.lean for loop in kernel.loops), start=Path())
-        thread_instructions = per_token.instructions * workload.tokens * blocks * threads
-        stored = per_token.stored_unmasked * workload.tokens * blocks * threads
+        if workload.chunk:
+            steps = math.ceil(workload.tokens / workload.chunk)
+            per_step = chunk_iteration(kernel, workload)
+        else:
+            steps, per_step = workload.tokens, sum((loop.lean for loop in kernel.loops), start=Path())
+        thread_instructions = per_step.instructions * steps * blocks * threads
+        stored = per_step.stored_unmasked * steps * blocks * threads
         scratch = max(0, stored - workload.written)
-        low = sum(max(w, 1) * per_token.instructions for w in waves)
-        high = sum(max(w, FMA_LATENCY) * per_token.instructions + DRAM_LATENCY for w in waves)
-        chain = (workload.tokens * low / CLOCK_HZ, workload.tokens * high / CLOCK_HZ)
+        low = sum(max(w, 1) * per_step.instructions for w in waves)
+        high = sum(max(w, FMA_LATENCY) * per_step.instructions + DRAM_LATENCY for w in waves)
+        chain = (steps * low / CLOCK_HZ, steps * high / CLOCK_HZ)
+        per_token = Path(instructions=round(per_step.instructions * steps / workload.tokens))
     else:
         per_token, chain, scratch = None, None, 0
         share = workload.written / (blocks * threads)  # output bytes one thread stores

@@ -185,11 +185,18 @@ def _path_json(path: Path) -> dict:
 
 def to_json(kernels: list[Kernel], predictions: list[model.Prediction], header: dict, checks: dict) -> str:
     def kernel_json(k: Kernel) -> dict:
-        fields = {f.name: getattr(k, f.name) for f in dataclasses.fields(k) if f.name not in ("work", "loops")}
+        fields = {f.name: getattr(k, f.name) for f in dataclasses.fields(k)
+                  if f.name not in ("work", "loops", "outer_loops")}
         hot = k.hot_loop
+
+        def loop_json(loop) -> dict:
+            return {"address": loop.address, "instructions": loop.instructions, "work": _path_json(loop.work),
+                    "lean": _path_json(loop.lean)}
+
         return {**fields, "work": _path_json(k.work), "hot_loop": hot.address if hot else None,
-                "loops": [{"address": loop.address, "instructions": loop.instructions, "work": _path_json(loop.work),
-                           "lean": _path_json(loop.lean)} for loop in k.loops]}
+                "loops": [loop_json(loop) for loop in k.loops],
+                "outer_loops": [loop_json(loop) | {"inner": [inner.address for inner in loop.inner]}
+                                for loop in k.outer_loops]}
 
     return json.dumps({**header, "kernels": [kernel_json(k) for k in kernels],
                        "predictions": [dataclasses.asdict(p) | {"copy_fraction": p.copy_fraction}

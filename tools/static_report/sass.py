@@ -218,11 +218,13 @@ class ControlFlow:
 
     def paths(self, loop: NaturalLoop | None = None) -> dict[int, Path]:
         """{global bytes stored per thread: the path with the fewest instructions storing them} over one iteration of
-        an innermost `loop` (header to a block that branches back), or, without one, from the entry to an EXIT/RET
-        with each loop body taken at most once."""
+        `loop` (header to a block that branches back; the body of each loop nested in it taken at most once), or,
+        without one, from the entry to an EXIT/RET with each loop body taken at most once."""
         if loop is not None:
             blocks, start = loop.blocks, loop.header
-            edges = {b: [s for s in self.blocks[b].successors if s in blocks and s != start] for b in blocks}
+            nested = {lp.header: lp.blocks for lp in self.loops if lp is not loop and lp.header in blocks}
+            edges = {b: [s for s in self.blocks[b].successors if s in blocks and s != start
+                         and b not in nested.get(s, ())] for b in blocks}
             ends = {b for b in blocks if start in self.blocks[b].successors}
         else:
             blocks, start = set(self.reachable), 0
