@@ -1,0 +1,143 @@
+"""The chunked WKV7 forward CUDA kernel (csrc/wkv7/wkv7_chunked_kernels.cuh) run on the host, against the CPU chunked
+twin (torch.ops.ropewkv.wkv7_chunked_forward on CPU) and the fp64 reference. CUDA cannot run here; this runs the
+kernel's own code: each block's 128 threads as concurrent std::threads with real barriers and warp shuffles
+(tests/data/host_cuda/cuda_block_prelude.h), every block of the grid (sequence x head x value slice), built by
+tests/host_cuda.py with AddressSanitizer/UBSan (an access past a buffer stops the run). Not covered: the device-only
+code of ropewkv/precision.h and decay.h (the hardware bf16/fp16 conversions, which round as the host's software ones
+for every finite value; expf, which the host replaces with the CPU twin's exp_poly: both within ~1 ulp).
+
+Shapes cover what the kernel handles per chunk: T not a multiple of 16, cu_seqlens with odd lengths (a sequence of
+1 token, sequences starting and ending inside a chunk, so short first and last chunks), an initial state or none,
+several value slices (N = 64: 2 blocks per head), the three decay conventions, fp32/bf16/fp16 I/O, fp32 w beside
+16-bit r..b, precision fp32 and bf16. Outputs start NaN-filled: an element the kernel never writes fails, and the
+checkpoint slots no sequence starts a chunk in must stay NaN.
+
+Tolerances (relative RMS, ||out - ref|| / ||ref||). fp32 math on both sides, in different orders (the CPU twin
+blocks its products and forms E as running products from each row down; the kernel sums over k in shuffled partial
+sums and forms the scaling decays as prefix/suffix products), so fp32 outputs agree to fp32 rounding accumulated over
+a chunk's sums: measured ~1e-7 against both; bound 2e-6 (~20 ulp RMS, the "1e-6 class" and the CPU twin's own fp32
+goal 1e-5 with margin). A stored 16-bit output adds its rounding: uniform rounding error is eps / (2 sqrt 3) ~ 0.29 eps
+RMS relative (eps = 2^-8 bf16, 2^-11 fp16); bound 0.6 eps on top. Against the CPU twin, which rounds nearly the same
+fp32 value, most elements agree exactly and the rest by one ulp, so the same bound holds with room.
+"""
+import math
+import os
+import random
+import subprocess
+
+import pytest
+import torch
+
+import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
+from host_cuda import ROOT, build_driver
+from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
+from ropewkv.testing.rwkv7 import rwkv7_inputs
+
+IO = {"fp32": (0, torch.float32, torch.int32), "bf16": (1, torch.bfloat16, torch.int16),
+      "fp16": (2, torch.float16, torch.int16)}
+OUTPUT_EPS = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+DECAYS = ("loglog", "raw", "log")
+PRECISIONS = {"fp32": 0, "bf16": 1}
+FP32_BOUND = 2e-6
+
+CASES = [
+    dict(name="batch_n64_t37_state", n=64, batch=2, seqlen=37, heads=2, cu=None, initial_state=True),
+    dict(name="varlen_n32_state", n=32, batch=1, seqlen=53, heads=2, cu=[0, 5, 6, 21, 40, 53], initial_state=True),
+    dict(name="varlen_n64", n=64, batch=1, seqlen=35, heads=1, cu=[0, 19, 35], initial_state=False),
+]
+
+# (I/O dtype, w in fp32 beside it, precision): each storage of w and each precision at least once.
+CONFIGS = [("fp32", False, "fp32"), ("fp32", False, "bf16"), ("bf16", False, "fp32"), ("bf16", True, "bf16"),
+           ("fp16", True, "fp32")]
+
+
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory) -> str:
+    exe = str(tmp_path_factory.mktemp("wkv7_chunked_cuda_on_host") / "driver")
+    return build_driver("wkv7_chunked_cuda_on_host.cpp", exe, [os.path.join(ROOT, "csrc", "wkv7")])
+
+
+def _rel_rms(got, want):
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm())
+
+
+def _written_slots(c):
+    """The checkpoint slots [batch, chunk] the forward writes: every chunk start aligned to 16 inside a sequence."""
+    chunks = math.ceil(c["seqlen"] / 16)
+    written = torch.zeros(c["batch"], chunks, dtype=torch.bool)
+    bounds = c["cu"] or [0, c["seqlen"]]
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        for q in range(start, end):
+            if q % 16 == 0:
+                written[:, q // 16] = True
+    return written
+
+
+def _as_kernel_sees(x, precision):
+    """An input as the kernel loads it: through bf16 in the bf16 mode (w too: wkv7::kDecayMode)."""
+    return x.to(torch.bfloat16).to(x.dtype) if precision == "bf16" else x
+
+
+@pytest.mark.parametrize("config", range(len(CONFIGS)))
+def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config):
+    io, w_fp32, precision = CONFIGS[config]
+    code, dtype, int_dtype = IO[io]
+    seed = random.SystemRandom().randrange(2 ** 31)
+    gen = torch.Generator().manual_seed(seed)
+    runs = []
+    for i, c in enumerate(CASES):
+        decay = DECAYS[(i + config) % len(DECAYS)]  # every config runs the three conventions, one per case
+        d = tmp_path / c["name"]
+        d.mkdir()
+        x = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], dtype, decay, gen)
+        if w_fp32:  # the decay input drawn again at fp32 (autocast's layout), so it is not a widened 16-bit value
+            x["w"] = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], torch.float32, decay, gen)["w"]
+        cu = None if c["cu"] is None else torch.tensor(c["cu"], dtype=torch.int64)
+        n_seqs = c["batch"] if cu is None else len(c["cu"]) - 1
+        s0 = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen) if c["initial_state"] else None
+        for name in ("r", "w", "k", "v", "a", "b"):
+            t = x[name]
+            t.view(torch.int32 if t.dtype == torch.float32 else torch.int16).numpy().tofile(d / f"{name}.bin")
+        if cu is not None:
+            cu.numpy().tofile(d / "cu_seqlens.bin")
+        if s0 is not None:
+            s0.numpy().tofile(d / "initial_state.bin")
+        fields = (code, int(w_fp32), PRECISIONS[precision], DECAYS.index(decay), c["n"], c["batch"], c["seqlen"],
+                  c["heads"], n_seqs, int(cu is not None), int(s0 is not None), 1)
+        (d / "case.txt").write_text(" ".join(str(f) for f in fields) + "\n")
+        runs.append((c, decay, d, x, cu, s0, n_seqs))
+    run = subprocess.run([driver, *(str(d) for _, _, d, *_ in runs)], capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
+
+    for c, decay, d, x, cu, s0, n_seqs in runs:
+        where = f"{c['name']} {io} w_fp32={w_fp32} {precision} {decay} (seed {seed})"
+        n, chunks = c["n"], math.ceil(c["seqlen"] / 16)
+        shape = (c["batch"], c["seqlen"], c["heads"], n)
+        y = _read(d / "y.bin", int_dtype).view(dtype).view(shape)
+        final = _read(d / "final_state.bin", torch.int32).view(torch.float32).view(n_seqs, c["heads"], n, n)
+        ckpt = _read(d / "checkpoints.bin", torch.int32).view(torch.float32).view(c["batch"], chunks, c["heads"], n, n)
+        assert not y.isnan().any(), f"{where}: y has elements the kernel never wrote"
+        assert not final.isnan().any(), f"{where}: final state not written"
+        written = _written_slots(c)
+        assert not ckpt[written].isnan().any(), f"{where}: checkpoint slots not written"
+        assert ckpt[~written].isnan().all(), f"{where}: wrote a checkpoint slot no chunk starts in"
+
+        args = [x[name] for name in ("r", "w", "k", "v", "a", "b")]
+        twin_y, twin_final, twin_ckpt = torch.ops.ropewkv.wkv7_chunked_forward(
+            *args, s0, cu, DECAYS.index(decay), PRECISIONS[precision], True)
+        ref_y, ref_final = reference_wkv7(*(_as_kernel_sees(t, precision) for t in args), initial_state=s0,
+                                          output_final_state=True, cu_seqlens=cu, decay=decay, dtype=torch.float64)
+        y_dtype = torch.bfloat16 if precision == "bf16" and dtype != torch.bfloat16 else dtype
+        y_bound = FP32_BOUND + 0.6 * max(OUTPUT_EPS[dtype], OUTPUT_EPS[y_dtype])
+        for what, got, want, bound in (
+                ("y vs cpu twin", y, twin_y, y_bound), ("y vs fp64", y, ref_y, y_bound),
+                ("final state vs cpu twin", final, twin_final, FP32_BOUND),
+                ("final state vs fp64", final, ref_final, FP32_BOUND),
+                ("checkpoints vs cpu twin", ckpt[written], twin_ckpt[written], FP32_BOUND)):
+            err = _rel_rms(got, want)
+            assert err <= bound, f"{where}: {what} relative RMS {err:.3g} > {bound:.3g}"
+
+
+def _read(path, int_dtype):
+    return torch.frombuffer(bytearray(path.read_bytes()), dtype=int_dtype)
