@@ -1,6 +1,6 @@
 """Builds a driver that runs a CUDA kernel on the host: g++ with AddressSanitizer/UBSan over the stand-ins of
-tests/data/host_cuda (cuda_prelude.h) and the CUDA headers (for uint4, dim3, cudaError_t).
-Used by tests/test_rope_cuda_on_host.py.
+tests/data/host_cuda (cuda_prelude.h, cuda_block_prelude.h) and the CUDA headers (for uint4, dim3, cudaError_t).
+Used by tests/test_rope_cuda_on_host.py and tests/test_cuda_block_on_host.py.
 """
 import os
 import shutil
@@ -28,13 +28,13 @@ def cuda_include_dir() -> str:
     raise AssertionError(f"no cuda_runtime_api.h in any of {candidates}")
 
 
-def build_driver(source: str, exe: str, include_dirs: list) -> str:
+def build_driver(source: str, exe: str, include_dirs: list, sanitizers: str = "address,undefined") -> str:
     """Compiles tests/data/<source> into `exe` with the host stand-ins first on the include path; skips without g++.
     -ffp-contract=off, as the CPU extension's build; sanitizer findings abort the run."""
     if shutil.which("g++") is None:
         pytest.skip("g++ not found: the host run of a CUDA kernel compiles it with g++ (CI has g++)")
     cmd = ["g++", "-std=c++20", "-O1", "-g0", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall",
-           "-Wno-unknown-pragmas", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-pthread",
+           "-Wno-unknown-pragmas", f"-fsanitize={sanitizers}", "-fno-sanitize-recover=all", "-pthread",
            "-I", os.path.join(DATA, "host_cuda")]
     for directory in [*include_dirs, os.path.join(ROOT, "csrc", "include")]:
         cmd += ["-I", directory]
