@@ -2,12 +2,12 @@
 against the CPU twin, bit for bit. CUDA cannot run here; this runs the kernel's own code: its thread map, head batches
 and software pipeline, vector and element-wise paths, copy of the dims past rotary_dim.
 
-g++ compiles the kernel header as it is, with host stand-ins for the CUDA pieces it uses (tests/data/host_cuda:
-__device__ and the thread indices, __isGlobal and __builtin_assume as no-ops, ropewkv/cuda_common.cuh's Run with
-memcpy and an abort on a misaligned 16-byte access) and AddressSanitizer/UBSan on (an access past a buffer, or a
-misaligned uint4, stops the run). Not covered: the device-only paths of ropewkv/precision.h: the host compile takes
+g++ compiles the kernel header as it is, with the real ropewkv/cuda_common.cuh and host stand-ins for the CUDA pieces
+they use (tests/data/host_cuda/cuda_prelude.h: __device__ and the thread indices, __isGlobal and __builtin_assume as
+no-ops, the bit casts), built by tests/host_cuda.py with AddressSanitizer/UBSan on (an access past a buffer, or a
+misaligned uint4, stops the run). Not covered: the device-only paths: the host compile of ropewkv/precision.h takes
 the software round-to-nearest-even conversions, which equal the device's cvt.rn instructions for every value except
-NaN payloads (none here: the inputs are finite), and the real st.global.v4 of Run::store.
+NaN payloads (none here: the inputs are finite), and Run::store's st.global.v4 is a plain uint4 store on the host.
 
 Outputs start NaN-filled (out of place), so an element the kernel never writes fails; their padding and the input
 buffers must come back untouched. Both precisions are bit-identical to the CPU twin: the twins share the math headers
@@ -16,16 +16,13 @@ buffers must come back untouched. Both precisions are bit-identical to the CPU t
 import itertools
 import os
 import random
-import shutil
 import subprocess
 
 import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(ROOT, "tests", "data")
+from host_cuda import ROOT, build_driver
 
 DTYPES = {"fp32": (0, torch.float32, torch.int32), "bf16": (1, torch.bfloat16, torch.int16),
           "fp16": (2, torch.float16, torch.int16)}
@@ -52,17 +49,8 @@ CASES = [
 
 @pytest.fixture(scope="session")
 def driver(tmp_path_factory) -> str:
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not found: the host run of the CUDA RoPE kernel compiles it with g++ (CI has g++)")
     exe = str(tmp_path_factory.mktemp("rope_cuda_on_host") / "driver")
-    # The stand-in ropewkv/cuda_common.cuh first, so that it shadows the real one.
-    cmd = ["g++", "-std=c++20", "-O1", "-g0", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall",
-           "-Wno-unknown-pragmas", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-           "-I", os.path.join(DATA, "host_cuda"), "-I", os.path.join(ROOT, "csrc", "rope"),
-           "-I", os.path.join(ROOT, "csrc", "include"), os.path.join(DATA, "rope_cuda_on_host.cpp"), "-o", exe]
-    build = subprocess.run(cmd, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[-4000:]
-    return exe
+    return build_driver("rope_cuda_on_host.cpp", exe, [os.path.join(ROOT, "csrc", "rope")])
 
 
 def _buffer(gen, dtype, offset, shape, head_dim, scale):

@@ -11,13 +11,14 @@
 #include "cuda_prelude.h"
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <new>
 #include <string>
 #include <vector>
 
-#include "rope_kernel.cuh"  // csrc/rope/, against the stand-in cuda_common.cuh
+#include "rope_kernel.cuh"  // csrc/rope/
 
 namespace {
 

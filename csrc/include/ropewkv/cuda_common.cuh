@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the .cu files: dtype dispatch over our storage types, launch-status plumbing, and runs of elements
-// moved by 16-byte accesses. Torch-free.
+// moved by 16-byte accesses. Torch-free; compiles with g++ too (over tests/data/host_cuda/cuda_prelude.h).
 #include <cstdint>
 #include <cuda_runtime_api.h>
 
@@ -76,10 +76,15 @@ struct Run {
       uint32_t words[4] = {0, 0, 0, 0};
 #pragma unroll
       for (int i = 0; i < N; ++i) words[i / kPerWord] |= to_bits(v[i]) << (16 * (i % kPerWord));
+#ifdef __CUDA_ARCH__
       // st.global.v4 in PTX: given a uint4 store, NVVM still split one of them into four 32-bit stores. No
       // "memory" clobber: the values stored depend on the loads of the same address (in place), nothing else aliases.
       asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(words[0]), "r"(words[1]),
                    "r"(words[2]), "r"(words[3]));
+#else
+      // Host compiles (nvcc's host pass; g++ in tests/data/host_cuda, where UBSan checks the uint4's alignment).
+      *reinterpret_cast<uint4*>(ptr) = uint4{words[0], words[1], words[2], words[3]};
+#endif
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) ptr[i] = v[i];

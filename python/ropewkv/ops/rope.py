@@ -225,14 +225,19 @@ def _cu_seqlens(cu_seqlens, total: int, q: torch.Tensor) -> torch.Tensor:
     return cu.contiguous()
 
 
+def _offsets_as_taken(off: torch.Tensor) -> bool:
+    """Whether a seqlen_offsets tensor (of the right length) is already what the ops take."""
+    return off.dtype == torch.int64 and off.dim() == 1 and off.is_contiguous()
+
+
 def _offsets(seqlen_offsets, n: int, q: torch.Tensor) -> Optional[torch.Tensor]:
     if isinstance(seqlen_offsets, torch.Tensor):
         off = _index_tensor(seqlen_offsets, "seqlen_offsets", q)
         if off.dim() > 1 or (off.dim() == 1 and off.numel() != n):
             raise ValueError(f"seqlen_offsets must be an int or a [{n}] tensor, got shape {tuple(off.shape)}")
         _check_cpu_nonnegative(off, "seqlen_offsets")
-        if off.dtype == torch.int64 and off.dim() == 1 and off.is_contiguous():
-            return off  # already what the ops take (the usual decode call): no conversion calls
+        if _offsets_as_taken(off):
+            return off  # the usual decode call: no conversion calls
         return off.to(torch.int64).expand(n).contiguous()
     if not isinstance(seqlen_offsets, int) or isinstance(seqlen_offsets, bool):
         raise TypeError(f"seqlen_offsets must be an int or an integer tensor, got {type(seqlen_offsets).__name__}")
@@ -417,8 +422,7 @@ def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, 
         return None
     if isinstance(seqlen_offsets, torch.Tensor):
         offsets = seqlen_offsets
-        if (offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() != batch
-                or not offsets.is_contiguous() or offsets.device != device):
+        if not _offsets_as_taken(offsets) or offsets.numel() != batch or offsets.device != device:
             return None
         if q.is_cpu and batch and int(offsets.min()) < 0:  # as _check_cpu_nonnegative
             return None

@@ -129,10 +129,15 @@ def _freeze_masked_steps(mask: torch.Tensor, w, k, b, decay: str):
     return torch.where(keep, w, _NO_DECAY[decay]), torch.where(keep, k, 0.0), torch.where(keep, b, 0.0)
 
 
+def _decay_read_as_is(w: torch.Tensor, r: torch.Tensor) -> bool:
+    """Whether the twins read w as it is: in r's dtype or fp32."""
+    return w.dtype in (r.dtype, torch.float32)
+
+
 def _decay_input(w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """w in r's dtype or fp32 (the twins read those two): any other float w is widened to fp32, exactly for fp16 and
-    bf16 (the math is fp32, so a wider w would be rounded to fp32 on load anyway)."""
-    return w if w.dtype in (r.dtype, torch.float32) else w.float()
+    """w as the twins read it: any float w not in r's dtype nor fp32 is widened to fp32, exactly for fp16 and bf16
+    (the math is fp32, so a wider w would be rounded to fp32 on load anyway)."""
+    return w if _decay_read_as_is(w, r) else w.float()
 
 
 # ---- public API --------------------------------------------------------------------------------------------------

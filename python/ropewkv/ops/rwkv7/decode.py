@@ -9,7 +9,7 @@ import torch
 from ... import _backend
 from ...reference import rwkv7 as reference
 from . import recurrent
-from .api import _check_decay, _check_inputs, _check_state, _decay_input
+from .api import _check_decay, _check_inputs, _check_state, _decay_input, _decay_read_as_is
 
 
 def _fake_step(r, w, k, v, a, b, state, decay, precision):
@@ -82,7 +82,7 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     precision_arg, precision = precision, _backend.resolve_precision(precision)
     tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
     if resolved in ("cpu", "cuda"):
-        if w.dtype in (r.dtype, torch.float32) and not torch.compiler.is_compiling():
+        if _decay_read_as_is(w, r) and not torch.compiler.is_compiling():
             _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (
                 state.dtype, decay_code, _backend.precision_code(precision))
         return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
