@@ -6,8 +6,7 @@
 Rows run shortest first (decode, log decay, the eager-sized wkv7, then the long wkv7), so a run cut short by a time
 limit loses the longest rows, not the decode figures.
 
-- wkv7: ropewkv.wkv7 on every kernel backend and both precisions (and algorithm="chunked" on the twins that have
-  it: cpu, triton), FLA's chunk_rwkv7 (log decay, state [N,H,K,V];
+- wkv7: ropewkv.wkv7 on every kernel backend, both precisions and both algorithms (sequential, chunked), FLA's chunk_rwkv7 (log decay, state [N,H,K,V];
   its w is converted from ours outside the timing), the eager reference (a Python loop over T) and torch.compile of
   it. The loop is slow and its autograd graph keeps every step's state, so eager and compile run only at the
   shape marked "(+eager)" (on a GPU a scaled-down T: tok/s, not times, compare across shapes); every kernel runs
@@ -38,7 +37,6 @@ from ropewkv.testing.rwkv7 import rwkv7_inputs  # noqa: E402
 
 NAMES = ("r", "w", "k", "v", "a", "b")
 DECAY = "loglog"
-CHUNKED_BACKENDS = ("cpu", "triton")  # the twins with algorithm="chunked" (no CUDA chunked kernel yet)
 LOG_DECAY_BOUND = -0.61  # log d > -e^-0.5 = -0.6065, and bf16 rounding of it stays above -0.6094
 
 
@@ -91,7 +89,7 @@ def wkv7_impls(device, args, eager_ok: bool) -> list:
         for precision in ("fp32", "bf16"):
             impls.append((f"ropewkv.wkv7[{backend},{precision}]", lambda *x, b=backend, p=precision: ropewkv.wkv7(
                 *x, decay=DECAY, precision=p, backend=b)[0], *same))
-    for backend in [b for b in common.kernel_backends(device) if b in CHUNKED_BACKENDS]:
+    for backend in common.kernel_backends(device):
         for precision in ("fp32", "bf16"):
             impls.append((f"ropewkv.wkv7[{backend},{precision},chunked]", lambda *x, b=backend, p=precision:
                           ropewkv.wkv7(*x, decay=DECAY, precision=p, backend=b, algorithm="chunked")[0], *same))

@@ -16,10 +16,6 @@ NAMES = ("r", "w", "k", "v", "a", "b")
 FP32_RMS = 2e-6
 
 
-def _backends(device):
-    return [b for b in kernel_backends(device) if b in ("cpu", "triton")]
-
-
 def _run(backend, inputs, decay, precision, cot_y, cot_s, cu_seqlens=None, algorithm="chunked"):
     leaves = {n: inputs[n].detach().clone().requires_grad_() for n in NAMES}
     s0 = inputs["initial_state"]
@@ -65,7 +61,7 @@ def test_matches_fp64_reference(device, case, decay):
     reference = parity.oracle(inputs, decay, cot_y, cot_s, cu_seqlens=cu)
     if not with_state:
         reference[2].pop("initial_state", None)
-    for backend in _backends(device):
+    for backend in kernel_backends(device):
         if backend == "triton" and n > 32 and device.type == "cpu":
             continue  # the interpreter is slow: N = 32 covers the Triton kernel here
         _check(_run(backend, inputs, decay, "fp32", cot_y, cot_s, cu), reference, FP32_RMS, (backend, case, decay))
@@ -95,7 +91,7 @@ def test_low_precision_io(device, dtype, precision):
         oracle_inputs.update({n: inputs[n].to(torch.bfloat16).to(dtype) for n in NAMES})
     reference = parity.oracle(oracle_inputs, "loglog", cot_y, cot_s)
     bound = parity.tolerance(dtype, precision, 40).rms
-    for backend in _backends(device):
+    for backend in kernel_backends(device):
         y, state, grads = _run(backend, inputs, "loglog", precision, cot_y, cot_s)
         assert y.dtype == dtype and grads["w"].dtype == dtype
         _check((y, state, grads), reference, bound, (backend, dtype, precision))
@@ -148,7 +144,7 @@ def test_matches_fla_chunk_rwkv7(fla, device, bounds):
     want = fla_harness.oracle_with_grads(x, 1.0, cot, cu)
     kwargs = dict(output_final_state=True, cu_seqlens=cu)
     theirs = fla_harness.run(fla.ops.chunk_rwkv7, x, kwargs, cot)
-    for backend in _backends(device):
+    for backend in kernel_backends(device):
         def ours(r, w, k, v, a, b, initial_state, output_final_state, cu_seqlens):
             y, state = ropewkv.wkv7(r, w, k, v, a, b, initial_state=initial_state.transpose(-1, -2),
                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens, decay="log",

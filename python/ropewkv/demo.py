@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from . import patch
-from ._backend import best_device, resolve_backend, unavailable_reason
+from ._backend import best_device, resolve_backend
 from .nn import RWKV7TimeMix
 from .ops.rope import apply_rotary_pos_emb, rope
 from .ops.rwkv7 import wkv7
@@ -187,21 +187,11 @@ def wkv7_rows(s: Sizes, device, backend: str):
         tol = wkv7_tolerance(dtype, "fp32", s.seqlen)
         rows.append(measure("wkv7 y", backend, "fp32", y, y64, tol))
         rows.append(measure("wkv7 final state", backend, "fp32", state, state64, tol, dtype))
-        chunked = chunked_backend(backend, device)
-        if chunked is not None:
-            y, state = wkv7(*args, initial_state=x["initial_state"], output_final_state=True, decay="raw",
-                            backend=chunked, algorithm="chunked")
-            rows.append(measure("wkv7 y (chunked)", chunked, "fp32", y, y64, tol))
-            rows.append(measure("wkv7 final state (chunked)", chunked, "fp32", state, state64, tol, dtype))
+        y, state = wkv7(*args, initial_state=x["initial_state"], output_final_state=True, decay="raw",
+                        backend=backend, algorithm="chunked")
+        rows.append(measure("wkv7 y (chunked)", backend, "fp32", y, y64, tol))
+        rows.append(measure("wkv7 final state (chunked)", backend, "fp32", state, state64, tol, dtype))
     return rows
-
-
-def chunked_backend(backend: str, device):
-    """Where the chunked WKV7 runs beside `backend`: cpu and triton have it, cuda has not (its Triton twin stands
-    in when Triton runs here); None if nowhere."""
-    if backend in ("cpu", "triton"):
-        return backend
-    return "triton" if unavailable_reason("triton", device) is None else None
 
 
 # ---- the RoPE precision story --------------------------------------------------------------------------------------
@@ -330,10 +320,8 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
     args = [x[n] for n in "rwkvab"]
     eager_ms = timed(lambda: wkv7(*args, decay="raw", backend="reference"), dev, s.reps)
     speed.append(("wkv7 fwd", eager_ms, timed(lambda: wkv7(*args, decay="raw", backend=backend), dev, s.reps)))
-    chunked = chunked_backend(backend, dev)
-    if chunked is not None:
-        speed.append((f"wkv7 fwd (chunked, {chunked})", eager_ms, timed(
-            lambda: wkv7(*args, decay="raw", backend=chunked, algorithm="chunked"), dev, s.reps)))
+    speed.append(("wkv7 fwd (chunked)", eager_ms, timed(
+        lambda: wkv7(*args, decay="raw", backend=backend, algorithm="chunked"), dev, s.reps)))
     eager_ms = timed(lambda: training_step(model, ids), dev, s.reps)
     with patch.transformers(model):
         speed.append(("Llama fwd+bwd", eager_ms, timed(lambda: training_step(model, ids), dev, s.reps)))

@@ -140,13 +140,10 @@ def measurements(backend: str, precision: str, result, reference, tol, dtype) ->
     return rows
 
 
-CHUNKED_BACKENDS = ("cpu", "triton")  # the backends with algorithm="chunked"
-
-
 def parity_rows(device: torch.device, seed: int = 0):
-    """For `python -m ropewkv parity`: every kernel backend x dtype x precision (and the chunked algorithm on the
-    backends that have it), loglog decay, varlen-free."""
-    from . import available_backends, run_backends, seeded
+    """For `python -m ropewkv parity`: every kernel backend x dtype x precision x algorithm (sequential, chunked),
+    loglog decay, varlen-free."""
+    from . import run_backends, seeded
 
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for precision in ("fp32", "bf16"):
@@ -162,9 +159,9 @@ def parity_rows(device: torch.device, seed: int = 0):
                 lambda backend: run_wkv7(backend, inputs, "loglog", precision, cot_y, cot_s), device)
             for backend, result in results.items():
                 yield from measurements(backend, precision, result, reference, tol, dtype)
-            # The chunked algorithm where it exists (cpu, triton): the same oracle and bounds.
+            # The chunked algorithm: the same oracle and bounds.
             chunked = run_backends(
                 lambda backend: run_wkv7(backend, inputs, "loglog", precision, cot_y, cot_s, algorithm="chunked"),
-                device, [b for b in available_backends(device) if b in CHUNKED_BACKENDS])
+                device)
             for backend, result in chunked.items():
                 yield from measurements(f"{backend} chunked", precision, result, reference, tol, dtype)
