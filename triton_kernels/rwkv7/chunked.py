@@ -150,6 +150,20 @@ def _masked_cotangents(x, y1, y2, dM1, dM2, E):
 
 
 @triton.jit
+def _init_state_slices(src_ptr, dst_ptr, state_at, N: tl.constexpr, BK: tl.constexpr, HAS_SRC: tl.constexpr):
+    """dst <- src (zeros without one) at state_at + k ([1, N] offsets v * N; k < N), in [BK, N] slices, then a
+    barrier: the kernels read the state back from dst."""
+    kk = tl.arange(0, BK).to(tl.int64)
+    for j0 in range(0, N, BK):
+        if HAS_SRC:
+            x = tl.load(src_ptr + state_at + j0 + kk[:, None])
+        else:
+            x = tl.zeros((BK, N), dtype=tl.float32)
+        tl.store(dst_ptr + state_at + j0 + kk[:, None], x)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
@@ -160,13 +174,7 @@ def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr
     kk = tl.arange(0, BK).to(tl.int64)
     # ST[k][v] = S[v][k] at v * N + k of this program's sT (and s0); k-major in the checkpoints.
     state_at = (n * H + h) * N * N + offs[None, :] * N
-    for j0 in range(0, N, BK):
-        if HAS_S0:
-            ST = tl.load(s0_ptr + state_at + j0 + kk[:, None])
-        else:
-            ST = tl.zeros((BK, N), dtype=tl.float32)
-        tl.store(sT_ptr + state_at + j0 + kk[:, None], ST)
-    tl.debug_barrier()
+    _init_state_slices(s0_ptr, sT_ptr, state_at, N, BK, HAS_S0)
     rows = tl.arange(0, L)
     slot0 = bos // L + n
     for c in range(0, tl.cdiv(eos - bos, L)):
@@ -226,13 +234,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     # G^T[k][v] = dL/dS[v][k] after the current chunk, at v * N + k of this program's ds0 (and gsT).
     grad_base = (n * H + h) * N * N
     grad_at = grad_base + offs[None, :] * N
-    for j0 in range(0, N, BK):
-        if HAS_GST:
-            GT = tl.load(gsT_ptr + grad_at + j0 + kk[:, None])
-        else:
-            GT = tl.zeros((BK, N), dtype=tl.float32)
-        tl.store(ds0_ptr + grad_at + j0 + kk[:, None], GT)
-    tl.debug_barrier()
+    _init_state_slices(gsT_ptr, ds0_ptr, grad_at, N, BK, HAS_GST)
     # U and dX [L, N] of the current chunk, written full width, read back in column slices.
     scratch = scratch_ptr + (n * H + h) * 2 * L * N
     rows_at = rows[:, None] * N + offs[None, :]
