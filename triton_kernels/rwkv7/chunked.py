@@ -41,6 +41,8 @@ CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
 NUM_WARPS = {32: 4, 64: 8, 128: 8, 256: 8}
+# The backward at N = 32 on 4 warps: 255 registers and ~200-400 B spilled ([16, 16, 16] decay blocks, 32 per thread).
+BWD_NUM_WARPS = {**NUM_WARPS, 32: 8}
 
 
 @triton.jit
@@ -258,7 +260,8 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         X = tl.zeros((L, N), dtype=tl.float32)
         dU = tl.zeros((L, N), dtype=tl.float32)
         dV = tl.zeros((L, N), dtype=tl.float32)
-        # The software-pipelining depths here and below: the fewest spilled registers found (16 B; 32 B at the default).
+        # The pipelining depths and disable_licm here and below: no spills at N = 64 with Triton 3.6 and 3.7 (the
+        # defaults spill 16-56 B of hoisted addresses and invariants).
         for j0 in tl.range(0, N, BK, num_stages=1):
             r, k, a, b, dlog, ca, cb, clast = _columns(
                 r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
@@ -288,7 +291,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         dQk = tl.zeros((L, L), dtype=tl.float32)
         dAb = tl.zeros((L, L), dtype=tl.float32)
         dAk = tl.zeros((L, L), dtype=tl.float32)
-        for i0 in range(0, N, BK):
+        for i0 in tl.range(0, N, BK, num_stages=1):
             dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
             v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
             U_i = tl.load(scratch + i0 + slice_at)
@@ -304,7 +307,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, the new G^T,
         # and the masked products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx,
         # dc[m+1] -= y dy).
-        for j0 in range(0, N, BK):
+        for j0 in tl.range(0, N, BK, disable_licm=True):
             r, k, a, b, dlog, ca, cb, clast = _columns(
                 r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
             Eb, Eq = _masked_decays(ca, cb, L)
@@ -404,4 +407,4 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
         grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
         N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
         INTERPRET=_interpreting(), HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None,
-        num_warps=NUM_WARPS[n])
+        num_warps=BWD_NUM_WARPS[n])
