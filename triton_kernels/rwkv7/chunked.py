@@ -272,20 +272,21 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             GT = tl.load(grad + j0 + state_at)
             dU += _dot(b * rest, GT, BF16_DOTS, INTERPRET)
             dV += _dot(k * rest, GT, BF16_DOTS, INTERPRET)
-        v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
-        dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
+        # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
+        # BK-column slices of v, U and dX read back from the scratch. Each [L, N] block is stored as soon as it is
+        # complete, so that few are live at once (the peak of the backward's register pressure is here at N = 128).
         Tm = _solve_matrix(Ab, L)
-        U = _dot(Tm, X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
+        U = _dot(Tm, X + _dot(Ak, _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION), BF16_DOTS, INTERPRET),
+                 BF16_DOTS, INTERPRET)
+        tl.store(scratch + scratch_at, U)
         # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
+        dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
         dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
         dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
         dX = _dot(tl.trans(Tm), dU, BF16_DOTS, INTERPRET)
+        tl.store(scratch + L * N + scratch_at, dX)
         dV += _dot(tl.trans(Ak), dX, BF16_DOTS, INTERPRET)
         _store_rows(dv_ptr + row0, rows_at, dV, LOW_PRECISION, valid)
-        # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
-        # BK-column slices of v, U and dX read back from the scratch.
-        tl.store(scratch + scratch_at, U)
-        tl.store(scratch + L * N + scratch_at, dX)
         tl.debug_barrier()
         dQb = tl.zeros((L, L), dtype=tl.float32)
         dQk = tl.zeros((L, L), dtype=tl.float32)
