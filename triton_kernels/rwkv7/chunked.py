@@ -43,6 +43,9 @@ HEAD_SIZES = (32, 64, 128, 256)
 NUM_WARPS = {32: 4, 64: 8, 128: 8, 256: 8}
 # The backward at N = 32 on 4 warps: 255 registers and ~200-400 B spilled ([16, 16, 16] decay blocks, 32 per thread).
 BWD_NUM_WARPS = {**NUM_WARPS, 32: 8}
+# The backward's innermost (v-slice) loop's pipelining depth: 3 at N = 128 takes its last 12 B of spills (Triton 3.7;
+# 3.6: 20 -> 16 B) where at N = 64 it would spill 8 B.
+BWD_V_STAGES = {32: 2, 64: 2, 128: 3, 256: 2}
 
 
 @triton.jit
@@ -222,7 +225,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
                         dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr,
                         LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
-                        HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+                        HAS_GST: tl.constexpr, VARLEN: tl.constexpr, V_STAGES: tl.constexpr):
     """k runs in BK-row slices of S0^T (from the checkpoint) and G^T (kept in ds0, the output, between chunks), the
     products over v in BK-column slices of v (U and dX through the scratch): see the module docstring."""
     n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
@@ -324,7 +327,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             dAt = tl.zeros((L, BK), dtype=tl.float32)
             dBh = tl.zeros((L, BK), dtype=tl.float32)
             dKh = tl.zeros((L, BK), dtype=tl.float32)
-            for i0 in tl.range(0, N, BK, num_stages=2):
+            for i0 in tl.range(0, N, BK, num_stages=V_STAGES):
                 dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
                 v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
                 S0_i = tl.trans(tl.load(ckpt + j0 * N + i0 + ckpt_at_i))
@@ -408,4 +411,4 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
         grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
         N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
         INTERPRET=_interpreting(), HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None,
-        num_warps=BWD_NUM_WARPS[n])
+        V_STAGES=BWD_V_STAGES[n], num_warps=BWD_NUM_WARPS[n])
