@@ -18,7 +18,9 @@ S0^T from the checkpoint and G^T in the initial-state gradient output) read and 
 memory, a barrier between a slice's last read and its write. The backward's products over v run in BK-column slices
 of v too, U and dX through a per-program scratch. No [N, N] block, no [L, L, N] decay block and no dot contracting
 over N is ever in registers (an FMA dot's operands take (rows + columns per thread) x K registers: 256 for a
-[16, 64] x [64, 64] product at 8 warps).
+[16, 64] x [64, 64] product at 8 warps). Every address is a 64-bit scalar base (the chunk's first row, the program's
+state, checkpoint slot or scratch) plus 32-bit per-thread offsets: 64-bit per-thread pointers held across the
+chunk loop were what the backward spilled.
 
 Precision: every dot takes input_precision="ieee" (exact fp32 products, fp32 accumulate; the GPU default would be
 TF32, and "ieee" runs on the FMA units, not the tensor cores). BF16_DOTS (precision="bf16") runs each N-sized
