@@ -187,11 +187,7 @@ TRITON = {
 
 
 # Kernels allowed to spill, with the reason (the spill check skips them; the report still lists their spills).
-SPILL_ALLOWED = {
-    "wkv7 chunked bwd N64 bf16": "chunked WKV7 backward (issue 15): k and v run in 16-column slices (no [N, N] or "
-    "[16, 16, N] block in registers), yet at 255 registers ptxas keeps spilling 16 B of loop-invariant scalars, "
-    "reloaded a few times per chunk and never in an innermost loop (benchmarks/NOTES.md, Chunked WKV7)",
-}
+SPILL_ALLOWED = {}
 # The CUDA WKV7 N=64 backward kernels sit at the 255-register cap (two 64-float rows per thread) and ptxas's choice of
 # which of them spill moves with any change of their code: the one-instruction bf16/fp16 conversions (precision.h,
 # 2026-11-26) made these five spill ~320-370 B and the benchmarked <64, bf16_t, bf16_t, kFP32> stop spilling (344 B

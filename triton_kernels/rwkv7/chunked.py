@@ -18,7 +18,9 @@ S0^T from the checkpoint and G^T in the initial-state gradient output) read and 
 memory, a barrier between a slice's last read and its write. The backward's products over v run in BK-column slices
 of v too, U and dX through a per-program scratch. No [N, N] block, no [L, L, N] decay block and no dot contracting
 over N is ever in registers (an FMA dot's operands take (rows + columns per thread) x K registers: 256 for a
-[16, 64] x [64, 64] product at 8 warps).
+[16, 64] x [64, 64] product at 8 warps). Every address is a 64-bit scalar base (the chunk's first row, the program's
+state, checkpoint slot or scratch) plus 32-bit per-thread offsets: 64-bit per-thread pointers held across the
+chunk loop were what the backward spilled.
 
 Precision: every dot takes input_precision="ieee" (exact fp32 products, fp32 accumulate; the GPU default would be
 TF32, and "ieee" runs on the FMA units, not the tensor cores). BF16_DOTS (precision="bf16") runs each N-sized
@@ -41,6 +43,11 @@ CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
 NUM_WARPS = {32: 4, 64: 8, 128: 8, 256: 8}
+# The backward at N = 32 on 4 warps: 255 registers and ~200-400 B spilled ([16, 16, 16] decay blocks, 32 per thread).
+BWD_NUM_WARPS = {**NUM_WARPS, 32: 8}
+# The backward's innermost (v-slice) loop's pipelining depth: 3 at N = 128 takes its last 12 B of spills (Triton 3.7;
+# 3.6: 20 -> 16 B) where at N = 64 it would spill 8 B.
+BWD_V_STAGES = {32: 2, 64: 2, 128: 3, 256: 2}
 
 
 @triton.jit
@@ -109,24 +116,21 @@ def _solve_matrix(Ab, L: tl.constexpr):
 
 
 @triton.jit
-def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N: tl.constexpr, L: tl.constexpr,
-             BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
-    """Columns [j0, j0 + BK) of the chunk [t0, t1)'s rows (zero beyond t1, where log d = 0 too) and their cumulative
-    log decays (per column, so a column slice is self-contained)."""
-    rows = tl.arange(0, L)
-    tok = (t0 + rows).to(tl.int64)
-    valid = (tok < t1)[:, None]
-    at = (tok[:, None] * H + h) * N + j0 + tl.arange(0, BK)[None, :]
-    r = _load_rows(r_ptr, at, valid, LOW_PRECISION)
-    k = _load_rows(k_ptr, at, valid, LOW_PRECISION)
-    a = _load_rows(a_ptr, at, valid, LOW_PRECISION)
-    b = _load_rows(b_ptr, at, valid, LOW_PRECISION)
-    log_d, dlog = _log_decay(_load_rows(w_ptr, at, valid, LOW_PRECISION), DECAY)
+def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L: tl.constexpr, BK: tl.constexpr,
+             DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
+    """Columns [j0, j0 + BK) of the chunk's rows (the first at element row0, the next HN apart; zero where not
+    valid, where log d = 0 too) and their cumulative log decays (per column, so a column slice is self-contained)."""
+    at = tl.arange(0, L)[:, None] * HN + tl.arange(0, BK)[None, :]
+    r = _load_rows(r_ptr + row0 + j0, at, valid, LOW_PRECISION)
+    k = _load_rows(k_ptr + row0 + j0, at, valid, LOW_PRECISION)
+    a = _load_rows(a_ptr + row0 + j0, at, valid, LOW_PRECISION)
+    b = _load_rows(b_ptr + row0 + j0, at, valid, LOW_PRECISION)
+    log_d, dlog = _log_decay(_load_rows(w_ptr + row0 + j0, at, valid, LOW_PRECISION), DECAY)
     logd = tl.where(valid, log_d, 0.0)
     ca = tl.cumsum(logd, axis=0)   # c[l + 1]
     cb = ca - logd                 # c[l]
     clast = tl.sum(logd, axis=0)   # c[len]
-    return r, k, a, b, dlog, ca, cb, clast, at
+    return r, k, a, b, dlog, ca, cb, clast
 
 
 @triton.jit
@@ -150,32 +154,41 @@ def _masked_cotangents(x, y1, y2, dM1, dM2, E):
 
 
 @triton.jit
+def _init_state_slices(src_ptr, dst_ptr, N: tl.constexpr, BK: tl.constexpr, HAS_SRC: tl.constexpr):
+    """dst <- src (zeros without one), an N x N state, in [BK, N] slices, then a barrier: the kernels read the
+    state back from dst."""
+    slice_at = tl.arange(0, N)[None, :] * N + tl.arange(0, BK)[:, None]
+    for j0 in range(0, N, BK):
+        if HAS_SRC:
+            x = tl.load(src_ptr + j0 + slice_at)
+        else:
+            x = tl.zeros((BK, N), dtype=tl.float32)
+        tl.store(dst_ptr + j0 + slice_at, x)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
     """k runs in BK-row slices of ST, kept in sT (the output) between chunks: see the module docstring."""
     n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
-    offs = tl.arange(0, N).to(tl.int64)
-    kk = tl.arange(0, BK).to(tl.int64)
-    # ST[k][v] = S[v][k] at v * N + k of this program's sT (and s0); k-major in the checkpoints.
-    state_at = (n * H + h) * N * N + offs[None, :] * N
-    for j0 in range(0, N, BK):
-        if HAS_S0:
-            ST = tl.load(s0_ptr + state_at + j0 + kk[:, None])
-        else:
-            ST = tl.zeros((BK, N), dtype=tl.float32)
-        tl.store(sT_ptr + state_at + j0 + kk[:, None], ST)
-    tl.debug_barrier()
+    offs = tl.arange(0, N)
+    kk = tl.arange(0, BK)
     rows = tl.arange(0, L)
+    HN = H * N
+    # ST[k][v] = S[v][k] at v * N + k of this program's sT (and s0); k-major in the checkpoints.
+    sT = sT_ptr + (n * H + h) * N * N
+    _init_state_slices(s0_ptr + (n * H + h) * N * N, sT, N, BK, HAS_S0)
+    state_at = offs[None, :] * N + kk[:, None]   # + j0: slice j0 of ST
+    ckpt_at = kk[:, None] * N + offs[None, :]    # + j0 * N
+    rows_at = rows[:, None] * HN + offs[None, :]
     slot0 = bos // L + n
     for c in range(0, tl.cdiv(eos - bos, L)):
-        t0 = bos + c * L
-        t1 = tl.minimum(t0 + L, eos)
-        tok = (t0 + rows).to(tl.int64)
-        valid = (tok < t1)[:, None]
-        at = (tok[:, None] * H + h) * N + offs[None, :]
-        v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
+        row0 = ((bos + c * L) * H + h) * N
+        valid = (rows < eos - bos - c * L)[:, None]
+        v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
         # X = A~ S0^T (+ Ak V below), R~ S0^T and the masked products, summed over the k slices.
         Ab = tl.zeros((L, L), dtype=tl.float32)
         Ak = tl.zeros((L, L), dtype=tl.float32)
@@ -184,28 +197,28 @@ def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr
         X = tl.zeros((L, N), dtype=tl.float32)
         Y = tl.zeros((L, N), dtype=tl.float32)
         for j0 in range(0, N, BK):
-            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+            r, k, a, b, dlog, ca, cb, clast = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
             Eb, Eq = _masked_decays(ca, cb, L)
             Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq)
-            ST = tl.load(sT_ptr + state_at + j0 + kk[:, None])
+            ST = tl.load(sT + j0 + state_at)
             if SAVE:
-                tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + (j0 + kk[:, None]) * N + offs[None, :], ST)
+                tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + j0 * N + ckpt_at, ST)
             X += _dot(a * tl.exp(cb), ST, BF16_DOTS, INTERPRET)
             Y += _dot(r * tl.exp(ca), ST, BF16_DOTS, INTERPRET)
         U = _dot(_solve_matrix(Ab, L), X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
         Y += _dot(Qb, U, BF16_DOTS, INTERPRET) + _dot(Qk, v, BF16_DOTS, INTERPRET)
-        _store_rows(y_ptr, at, Y, LOW_PRECISION, valid)
+        _store_rows(y_ptr + row0, rows_at, Y, LOW_PRECISION, valid)
         # ST <- diag(E[L][0]) ST + B^^T U + K^^T V, slice by slice.
         for j0 in range(0, N, BK):
-            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+            r, k, a, b, dlog, ca, cb, clast = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
             rest = tl.exp(clast[None, :] - ca)
-            ST = tl.load(sT_ptr + state_at + j0 + kk[:, None])
+            ST = tl.load(sT + j0 + state_at)
             ST = (tl.exp(clast)[:, None] * ST + _dot(tl.trans(b * rest), U, BF16_DOTS, INTERPRET)
                   + _dot(tl.trans(k * rest), v, BF16_DOTS, INTERPRET))
             tl.debug_barrier()  # every thread has read this slice (above, and in the first pass)
-            tl.store(sT_ptr + state_at + j0 + kk[:, None], ST)
+            tl.store(sT + j0 + state_at, ST)
         tl.debug_barrier()  # the next chunk reads the state written above
 
 
@@ -214,40 +227,36 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
                         dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr,
                         LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
-                        HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+                        HAS_GST: tl.constexpr, VARLEN: tl.constexpr, V_STAGES: tl.constexpr):
     """k runs in BK-row slices of S0^T (from the checkpoint) and G^T (kept in ds0, the output, between chunks), the
     products over v in BK-column slices of v (U and dX through the scratch): see the module docstring."""
     n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
-    offs = tl.arange(0, N).to(tl.int64)
-    kk = tl.arange(0, BK).to(tl.int64)
+    offs = tl.arange(0, N)
+    kk = tl.arange(0, BK)
     rows = tl.arange(0, L)
     strict = rows[None, :] < rows[:, None]
     incl = rows[None, :] <= rows[:, None]
+    HN = H * N
     # G^T[k][v] = dL/dS[v][k] after the current chunk, at v * N + k of this program's ds0 (and gsT).
-    grad_base = (n * H + h) * N * N
-    grad_at = grad_base + offs[None, :] * N
-    for j0 in range(0, N, BK):
-        if HAS_GST:
-            GT = tl.load(gsT_ptr + grad_at + j0 + kk[:, None])
-        else:
-            GT = tl.zeros((BK, N), dtype=tl.float32)
-        tl.store(ds0_ptr + grad_at + j0 + kk[:, None], GT)
-    tl.debug_barrier()
+    grad = ds0_ptr + (n * H + h) * N * N
+    _init_state_slices(gsT_ptr + (n * H + h) * N * N, grad, N, BK, HAS_GST)
+    state_at = offs[None, :] * N + kk[:, None]   # + j0: slice j0 of G^T
+    ckpt_at = kk[:, None] * N + offs[None, :]    # + j0 * N: slice j0 of S0^T (k-major)
     # U and dX [L, N] of the current chunk, written full width, read back in column slices.
     scratch = scratch_ptr + (n * H + h) * 2 * L * N
-    rows_at = rows[:, None] * N + offs[None, :]
-    slice_at = rows[:, None] * N + kk[None, :]
+    scratch_at = rows[:, None] * N + offs[None, :]
+    slice_at = rows[:, None] * N + kk[None, :]   # + i0
+    ckpt_at_i = kk[:, None] * N + kk[None, :]     # + j0 * N + i0: block (j0, i0) of S0^T
+    state_at_i = kk[None, :] * N + kk[:, None]    # + j0 + i0 * N: block (j0, i0) of G^T
+    rows_at = rows[:, None] * HN + offs[None, :]
+    rows_at_i = rows[:, None] * HN + kk[None, :]  # + i0 (or + j0)
     slot0 = bos // L + n
     n_chunks = tl.cdiv(eos - bos, L)
     for cc in tl.range(0, n_chunks, disable_licm=True):  # hoisted invariants would be spilled (more than twice)
         c = n_chunks - 1 - cc
-        t0 = bos + c * L
-        t1 = tl.minimum(t0 + L, eos)
         ckpt = ckpt_ptr + ((slot0 + c) * H + h) * N * N  # S0^T, k-major
-        tok = (t0 + rows).to(tl.int64)
-        valid = (tok < t1)[:, None]
-        at = (tok[:, None] * H + h) * N + offs[None, :]
-        at_i = (tok[:, None] * H + h) * N + kk[None, :]  # columns [0, BK): + i0 for a slice
+        row0 = ((bos + c * L) * H + h) * N
+        valid = (rows < eos - bos - c * L)[:, None]
         # Recompute the forward's X = A~ S0^T + Ak V, with the masked products; dU, dV from S_L (B^ G^T, K^ G^T).
         Ab = tl.zeros((L, L), dtype=tl.float32)
         Ak = tl.zeros((L, L), dtype=tl.float32)
@@ -256,41 +265,43 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         X = tl.zeros((L, N), dtype=tl.float32)
         dU = tl.zeros((L, N), dtype=tl.float32)
         dV = tl.zeros((L, N), dtype=tl.float32)
-        # The software-pipelining depths here and below: the fewest spilled registers found (16 B; 32 B at the default).
+        # The pipelining depths and disable_licm here and below: no spills at N = 64 with Triton 3.6 and 3.7 (the
+        # defaults spill 16-56 B of hoisted addresses and invariants).
         for j0 in tl.range(0, N, BK, num_stages=1):
-            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+            r, k, a, b, dlog, ca, cb, clast = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
             Eb, Eq = _masked_decays(ca, cb, L)
             Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq)
             rest = tl.exp(clast[None, :] - ca)
-            X += _dot(a * tl.exp(cb), tl.load(ckpt + (j0 + kk[:, None]) * N + offs[None, :]), BF16_DOTS, INTERPRET)
-            GT = tl.load(ds0_ptr + grad_at + j0 + kk[:, None])
+            X += _dot(a * tl.exp(cb), tl.load(ckpt + j0 * N + ckpt_at), BF16_DOTS, INTERPRET)
+            GT = tl.load(grad + j0 + state_at)
             dU += _dot(b * rest, GT, BF16_DOTS, INTERPRET)
             dV += _dot(k * rest, GT, BF16_DOTS, INTERPRET)
-        v = _load_rows(v_ptr, at, valid, LOW_PRECISION)
-        dy = tl.load(gy_ptr + at, mask=valid, other=0.0).to(tl.float32)
+        # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
+        # BK-column slices of v, U and dX read back from the scratch. Each [L, N] block is stored as soon as it is
+        # complete, so that few are live at once (the peak of the backward's register pressure is here at N = 128).
         Tm = _solve_matrix(Ab, L)
-        U = _dot(Tm, X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
+        U = _dot(Tm, X + _dot(Ak, _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION), BF16_DOTS, INTERPRET),
+                 BF16_DOTS, INTERPRET)
+        tl.store(scratch + scratch_at, U)
         # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
+        dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
         dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
         dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
         dX = _dot(tl.trans(Tm), dU, BF16_DOTS, INTERPRET)
+        tl.store(scratch + L * N + scratch_at, dX)
         dV += _dot(tl.trans(Ak), dX, BF16_DOTS, INTERPRET)
-        _store_rows(dv_ptr, at, dV, LOW_PRECISION, valid)
-        # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
-        # BK-column slices of v, U and dX read back from the scratch.
-        tl.store(scratch + rows_at, U)
-        tl.store(scratch + L * N + rows_at, dX)
+        _store_rows(dv_ptr + row0, rows_at, dV, LOW_PRECISION, valid)
         tl.debug_barrier()
         dQb = tl.zeros((L, L), dtype=tl.float32)
         dQk = tl.zeros((L, L), dtype=tl.float32)
         dAb = tl.zeros((L, L), dtype=tl.float32)
         dAk = tl.zeros((L, L), dtype=tl.float32)
-        for i0 in range(0, N, BK):
-            dy_i = tl.load(gy_ptr + at_i + i0, mask=valid, other=0.0).to(tl.float32)
-            v_i = _load_rows(v_ptr, at_i + i0, valid, LOW_PRECISION)
-            U_i = tl.load(scratch + slice_at + i0)
-            dX_i = tl.load(scratch + L * N + slice_at + i0)
+        for i0 in tl.range(0, N, BK, num_stages=1):
+            dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
+            v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
+            U_i = tl.load(scratch + i0 + slice_at)
+            dX_i = tl.load(scratch + L * N + i0 + slice_at)
             dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
             dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
             dAb += _dot(dX_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
@@ -302,9 +313,9 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, the new G^T,
         # and the masked products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx,
         # dc[m+1] -= y dy).
-        for j0 in range(0, N, BK):
-            r, k, a, b, dlog, ca, cb, clast, at_j = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, t0, t1, h, H, j0, N, L, BK, DECAY, LOW_PRECISION)
+        for j0 in tl.range(0, N, BK, disable_licm=True):
+            r, k, a, b, dlog, ca, cb, clast = _columns(
+                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
             Eb, Eq = _masked_decays(ca, cb, L)
             e_before = tl.exp(cb)
             e_after = tl.exp(ca)
@@ -318,17 +329,17 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             dAt = tl.zeros((L, BK), dtype=tl.float32)
             dBh = tl.zeros((L, BK), dtype=tl.float32)
             dKh = tl.zeros((L, BK), dtype=tl.float32)
-            for i0 in tl.range(0, N, BK, num_stages=2):
-                dy_i = tl.load(gy_ptr + at_i + i0, mask=valid, other=0.0).to(tl.float32)
-                v_i = _load_rows(v_ptr, at_i + i0, valid, LOW_PRECISION)
-                S0_i = tl.trans(tl.load(ckpt + (j0 + kk[:, None]) * N + i0 + kk[None, :]))
-                G_i = tl.trans(tl.load(ds0_ptr + grad_base + j0 + kk[:, None] + (i0 + kk[None, :]) * N))
+            for i0 in tl.range(0, N, BK, num_stages=V_STAGES):
+                dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
+                v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
+                S0_i = tl.trans(tl.load(ckpt + j0 * N + i0 + ckpt_at_i))
+                G_i = tl.trans(tl.load(grad + j0 + i0 * N + state_at_i))
                 dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET)
-                dAt += _dot(tl.load(scratch + L * N + slice_at + i0), S0_i, BF16_DOTS, INTERPRET)
-                dBh += _dot(tl.load(scratch + slice_at + i0), G_i, BF16_DOTS, INTERPRET)
+                dAt += _dot(tl.load(scratch + L * N + i0 + slice_at), S0_i, BF16_DOTS, INTERPRET)
+                dBh += _dot(tl.load(scratch + i0 + slice_at), G_i, BF16_DOTS, INTERPRET)
                 dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET)
-            ST0 = tl.load(ckpt + (j0 + kk[:, None]) * N + offs[None, :])
-            GT = tl.load(ds0_ptr + grad_at + j0 + kk[:, None])
+            ST0 = tl.load(ckpt + j0 * N + ckpt_at)
+            GT = tl.load(grad + j0 + state_at)
             dclast = e_all * tl.sum(ST0 * GT, axis=1)
             GT = (e_all[:, None] * GT + _dot(tl.trans(Rt), dy, BF16_DOTS, INTERPRET)
                   + _dot(tl.trans(At), dX, BF16_DOTS, INTERPRET))
@@ -349,13 +360,13 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             # log d of row l is in c[x] for x >= l + 1: c_after of rows >= l, c_before of rows > l, and c[L].
             dlogd = (tl.cumsum(dca, axis=0, reverse=True) + tl.cumsum(dcb, axis=0, reverse=True) - dcb
                      + dclast[None, :])
-            _store_rows(dr_ptr, at_j, dr, LOW_PRECISION, valid)
-            _store_rows(dw_ptr, at_j, dlogd * dlog, LOW_PRECISION, valid)
-            _store_rows(dk_ptr, at_j, dk, LOW_PRECISION, valid)
-            _store_rows(da_ptr, at_j, da, LOW_PRECISION, valid)
-            _store_rows(db_ptr, at_j, db, LOW_PRECISION, valid)
+            _store_rows(dr_ptr + row0 + j0, rows_at_i, dr, LOW_PRECISION, valid)
+            _store_rows(dw_ptr + row0 + j0, rows_at_i, dlogd * dlog, LOW_PRECISION, valid)
+            _store_rows(dk_ptr + row0 + j0, rows_at_i, dk, LOW_PRECISION, valid)
+            _store_rows(da_ptr + row0 + j0, rows_at_i, da, LOW_PRECISION, valid)
+            _store_rows(db_ptr + row0 + j0, rows_at_i, db, LOW_PRECISION, valid)
             tl.debug_barrier()  # every thread has read this slice of G^T (above, and in the first pass)
-            tl.store(ds0_ptr + grad_at + j0 + kk[:, None], GT)
+            tl.store(grad + j0 + state_at, GT)
         tl.debug_barrier()  # the previous chunk reads the G^T written above
 
 
@@ -365,6 +376,13 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _check_row_offsets(heads: int, n: int):
+    """The kernels address a chunk's token rows by a 64-bit base and 32-bit offsets up to L rows of H N elements."""
+    if heads * n * CHUNK >= 2**31:
+        raise ValueError(f"r: heads * head size must be below 2^31 / {CHUNK} = {2**31 // CHUNK} for the chunked "
+                         f"Triton kernel, got {heads} * {n} = {heads * n}")
+
+
 def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, checkpoints, decay: str,
                  low_precision: bool, bf16_dots: bool):
     """As recurrent.wkv7_forward (same arguments and checkpoint shape), chunked."""
@@ -372,6 +390,7 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
     n_seqs = final_state.shape[0]
     if n_seqs * heads == 0:
         return
+    _check_row_offsets(heads, n)
     _chunked_fwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
         y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
@@ -387,10 +406,11 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     n_seqs = grad_initial.shape[0]
     if n_seqs * heads == 0:
         return
+    _check_row_offsets(heads, n)
     scratch = r.new_empty((n_seqs * heads, 2, CHUNK, n), dtype=checkpoints.dtype)
     _chunked_bwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
         grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
         N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
         INTERPRET=_interpreting(), HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None,
-        num_warps=NUM_WARPS[n])
+        V_STAGES=BWD_V_STAGES[n], num_warps=BWD_NUM_WARPS[n])
