@@ -183,3 +183,21 @@ def test_cpu_twin_large_heads(n):
     cot_y, cot_s = parity.cotangents(inputs, 1, gen)
     reference = parity.oracle(inputs, "log", cot_y, cot_s)
     _check(_run("cpu", inputs, "log", "fp32", cot_y, cot_s), reference, FP32_RMS, n)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_triton_kernels_refuse_rows_past_32_bit_offsets(backward):
+    """The Triton kernels address a chunk's 16 token rows as 32-bit offsets from a 64-bit base: heads * N >= 2^27
+    must be a ValueError before any launch (meta tensors: nothing is allocated or run)."""
+    from ropewkv.triton_kernels.rwkv7 import chunked
+
+    heads, n = 2**21, 64
+    x = torch.empty(1, 16, heads, n, dtype=torch.bfloat16, device="meta")
+    state = torch.empty(1, heads, n, n, device="meta")
+    checkpoints = torch.empty(chunked.checkpoint_slots(16, 1), heads, n, n, device="meta")
+    with pytest.raises(ValueError, match="heads \\* head size must be below"):
+        if backward:
+            chunked.wkv7_backward(x, x, x, x, x, x, None, checkpoints, x, state, [x] * 6, state, "loglog", False,
+                                  False)
+        else:
+            chunked.wkv7_forward(x, x, x, x, x, x, None, None, x, state, checkpoints, "loglog", False, False)

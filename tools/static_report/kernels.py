@@ -179,6 +179,9 @@ TRITON = {
     "wkv7 decode N64 bf16": TritonCase(lambda: wkv7_launches(64, 64, tokens=1, with_state=True, save=False)),
     "wkv7 chunked fwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64)),
     "wkv7 chunked bwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True)),
+    # N = 32 (8 warps) and 128 backward: spill-free since tritonbwd, guarded here.
+    "wkv7 chunked bwd N32 bf16": TritonCase(lambda: wkv7_chunked_launches(32, 64, backward=True)),
+    "wkv7 chunked bwd N128 bf16": TritonCase(lambda: wkv7_chunked_launches(128, 32, backward=True)),
     # precision="bf16": the split bf16 tensor-core products (the backward's compile takes minutes: left out).
     "wkv7 chunked fwd N64 bf16-dots": TritonCase(lambda: wkv7_chunked_launches(64, 64, low_precision=True)),
     "log_decay fwd bf16": TritonCase(lambda: _log_decay(False)),
