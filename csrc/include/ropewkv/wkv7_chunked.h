@@ -203,14 +203,23 @@ struct Chunk {
       ROPEWKV_SIMD
       for (int64_t j = 0; j < n; ++j) d[l * n + j] = exp_(logd[l * n + j]);
     }
+    // Only the entries that are read: a block's first row q and row L in full; any other row x from its block's
+    // start q (columns q .. x) and column 0, E[x][0] = E[x][q] E[q][0] (two running products over adjacent ranges).
     for (int x = 0; x <= len; ++x) {
+      const int q = x == len || x % kBlock == 0 ? 0 : x - x % kBlock;
       acc_t* exx = e(x, x);
       for (int64_t j = 0; j < n; ++j) exx[j] = acc_t(1);
-      for (int y = x - 1; y >= 0; --y) {
+      for (int y = x - 1; y >= q; --y) {
         acc_t *exy = e(x, y), *prev = e(x, y + 1);
         const acc_t* dy = &d[y * n];  // d_{y+1}: token row y
         ROPEWKV_SIMD
         for (int64_t j = 0; j < n; ++j) exy[j] = prev[j] * dy[j];
+      }
+      if (q > 0 && x > q) {
+        acc_t* ex0 = e(x, 0);
+        const acc_t *exq = e(x, q), *eq0 = e(q, 0);
+        ROPEWKV_SIMD
+        for (int64_t j = 0; j < n; ++j) ex0[j] = exq[j] * eq0[j];
       }
     }
     acc_t *At = at(), *Rt = rt(), *Bh = bh(), *Kh = kh();
