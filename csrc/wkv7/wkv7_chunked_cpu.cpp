@@ -53,12 +53,12 @@ void load_chunk(const wkv7::Inputs& in, int64_t batch, int64_t q, int len, int64
                 Chunk<acc_t>& ch) {
   using io_t = storage_t<scalar_t>;
   const int64_t n = in.head_size;
+  ch.len = len;  // first: v's rows lie after the chunk's U rows
   const io_t* src[5] = {storage_ptr<scalar_t>(in.r), storage_ptr<scalar_t>(in.k), storage_ptr<scalar_t>(in.v),
                         storage_ptr<scalar_t>(in.a), storage_ptr<scalar_t>(in.b)};
-  acc_t* dst[5] = {ch.r.data(), ch.k.data(), ch.v.data(), ch.a.data(), ch.b.data()};
+  acc_t* dst[5] = {ch.r.data(), ch.k.data(), ch.v(), ch.a.data(), ch.b.data()};
   const storage_t<w_scalar_t>* w = storage_ptr<w_scalar_t>(in.w);
   acc_t* w_rows = ch.tmp_rows.data();
-  ch.len = len;
   for (int l = 0; l < len; ++l) {
     const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
     for (int x = 0; x < 5; ++x) {
@@ -113,7 +113,7 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
   acc_t* ckpt = save ? ckpt_out.data_ptr<acc_t>() : nullptr;
   const int64_t* cu = in.cu_seqlens.defined() ? in.cu_seqlens.const_data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, in.n_seqs * in.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> ST(nn), ybuf(kChunk * n);
+    std::vector<acc_t> ST(nn);
     Chunk<acc_t> ch(n);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t s = task / in.heads, h = task % in.heads;
@@ -126,7 +126,8 @@ void forward_impl(const wkv7::Inputs& in, Decay decay, bool save, at::Tensor& y_
         if (save && q % kChunk == 0) std::copy(ST.begin(), ST.end(), checkpoint_slot(in, ckpt, batch, q, h));
         load_chunk<P, scalar_t, w_scalar_t>(in, batch, q, len, h, decay, false, ch);
         prefetch_inputs<scalar_t, w_scalar_t>(in, batch, chunk_end, std::min(chunk_end + kChunk, stop), h);
-        ch.forward(ST.data(), ybuf.data());
+        ch.forward(ST.data());
+        const acc_t* ybuf = ch.y();
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
           for (int64_t i = 0; i < n; ++i) y[base + i] = wkv7::store<io_t, P>(ybuf[l * n + i]);
@@ -155,7 +156,7 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
   acc_t* ds0 = grad_s0.data_ptr<acc_t>();
   const int64_t* cu = in.cu_seqlens.defined() ? in.cu_seqlens.const_data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, in.n_seqs * in.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> GT(nn), ST0(nn), dy(kChunk * n);
+    std::vector<acc_t> GT(nn), ST0(nn);
     Chunk<acc_t> ch(n);
     ChunkGrads<acc_t> g(n);
     for (int64_t task = begin; task < end; ++task) {
@@ -181,13 +182,19 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
         const int64_t previous = std::max(q - kChunk, start);  // the next chunk this task reads
         prefetch_inputs<scalar_t, w_scalar_t>(in, batch, previous, q, h);
         prefetch_rows(in, gy, batch, previous, q, h);
+        // and its checkpoint: a task's checkpoints lie H N^2 apart, walked backwards, which no prefetcher follows
+        if (previous > start) {
+          const acc_t* next_state = checkpoint_slot(in, ckpt, batch, previous, h);
+          for (int64_t j = 0; j < nn; j += 64 / int64_t(sizeof(acc_t))) __builtin_prefetch(next_state + j);
+        }
         ch.solve_u(st0);
+        acc_t* dy = g.dy();
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
           for (int64_t j = 0; j < n; ++j) dy[l * n + j] = wkv7::load<P>(gy[base + j]);
         }
-        wkv7::chunked::chunk_backward(ch, st0, GT.data(), dy.data(), g);
-        const acc_t* token_grads[6] = {g.dr.data(), nullptr, g.dk.data(), g.dv.data(), g.da.data(), g.db.data()};
+        wkv7::chunked::chunk_backward(ch, st0, GT.data(), g);
+        const acc_t* token_grads[6] = {g.dr.data(), nullptr, g.dk.data(), g.dv(), g.da.data(), g.db.data()};
         for (int l = 0; l < len; ++l) {
           const int64_t base = ((batch * in.seqlen + q + l) * in.heads + h) * n;
           for (int x = 0; x < 6; ++x) {
