@@ -23,7 +23,14 @@ export ROPEWKV_EXPECT_GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: test demo setup build pytest cuda-check static-report parity clean
 
-test: build cuda-check static-report pytest
+# The compile checks run beside pytest, their output printed when both are done: pytest leaves a core mostly idle (the
+# Triton interpreter is one Python thread), and CI's 2 cores are what bounds its time.
+test: build
+	@$(CHECKS) >$(BUILD)/checks.log 2>&1 & checks=$$!; \
+	$(TEST_ENV) $(PY) -m pytest tests -q; tests=$$?; \
+	wait $$checks; compile=$$?; cat $(BUILD)/checks.log; \
+	echo "make test: pytest exit $$tests, compile checks exit $$compile"; \
+	exit $$(( tests || compile ))
 
 demo: build
 	$(TEST_ENV) $(PY) -m ropewkv demo
@@ -39,14 +46,18 @@ build: setup
 pytest: build
 	$(TEST_ENV) $(PY) -m pytest tests -q
 
-cuda-check: setup
-	PYTHON=$(PY) tools/check_cuda_compile.sh
-
+CUDA_CHECK = PYTHON=$(PY) tools/check_cuda_compile.sh
 # Every CUDA and Triton kernel compiled for sm_90a and read (tools/static_report): fails on new spills or RoPE hot
 # loops without 16-byte accesses. The report lands in build/static-report/ (committed: benchmarks/results/).
-static-report: build
-	@if command -v $${NVCC:-nvcc} >/dev/null; then $(PY) -m tools.static_report --check; \
+STATIC_REPORT = if command -v $${NVCC:-nvcc} >/dev/null; then $(PY) -m tools.static_report --check; \
 	else echo "static-report: nvcc not found, static report NOT run"; fi
+CHECKS = { $(CUDA_CHECK) && $(STATIC_REPORT); }
+
+cuda-check: setup
+	$(CUDA_CHECK)
+
+static-report: build
+	@$(STATIC_REPORT)
 
 parity: build
 	$(TEST_ENV) $(PY) -m ropewkv parity

@@ -12,13 +12,11 @@
 //   down16.bin (int32): ints 3 lanes down in its group of 16 (its own past the group), __shfl_down_sync width 16;
 //   math.bin (fp32): -(exp(x) * max(x, 0.5) + min(x, -0.5)) by the math stand-ins (the sign flipped on the bits).
 #include "cuda_block_prelude.h"
+#include "driver_files.h"
 
 #include <climits>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -70,24 +68,8 @@ __global__ void __launch_bounds__(kThreads) block_kernel(const float* x, const i
   out.math[i] = __uint_as_float(__float_as_uint(math) ^ 0x80000000u);
 }
 
-template <typename T>
-std::vector<T> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  const std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  std::vector<T> values(bytes.size() / sizeof(T));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
-  return values;
-}
-
-template <typename T>
-void write_file(const std::string& path, const std::vector<T>& values) {
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(values.data()), std::streamsize(values.size() * sizeof(T)));
-}
+using host_cuda::read_file;
+using host_cuda::write_file;
 
 }  // namespace
 

@@ -9,11 +9,11 @@
 // q_after.bin, k_after.bin (the input buffers after the run), and plan.txt: the vector width and the head groups.
 // groups: 0 runs the thread map of rope_launch; g > 0 lowers its thread target so that it picks min(g, heads) groups.
 #include "cuda_prelude.h"
+#include "driver_files.h"
 
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <new>
 #include <string>
 #include <vector>
@@ -25,18 +25,8 @@ namespace {
 using namespace ropewkv;
 using namespace ropewkv::cuda;
 
-std::vector<unsigned char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const std::string& path, const void* data, size_t bytes) {
-  std::ofstream(path, std::ios::binary).write(static_cast<const char*>(data), std::streamsize(bytes));
-}
+using host_cuda::read_file;
+using host_cuda::write_file;
 
 // A 16-byte aligned copy, exactly as long (AddressSanitizer then sees an access past its end).
 unsigned char* aligned_copy(const std::vector<unsigned char>& from) {

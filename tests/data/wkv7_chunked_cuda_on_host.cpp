@@ -9,12 +9,11 @@
 // kernel never writes stays NaN). Every buffer is a heap block of exactly its size (AddressSanitizer stops an access
 // past it).
 #include "cuda_block_prelude.h"
+#include "driver_files.h"
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -25,18 +24,8 @@ namespace {
 using namespace ropewkv;
 using namespace ropewkv::cuda;
 
-std::vector<unsigned char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const std::string& path, const std::vector<unsigned char>& data) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size()));
-}
+using host_cuda::read_file;
+using host_cuda::write_file;
 
 template <int N, typename io_t, typename w_t, Precision P>
 void run_grid(const Wkv7ForwardParams& p) {
