@@ -96,10 +96,10 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
 
 
 def _wkv7_chunked(heads: int, n: int) -> Workload:
-    """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, 32 value rows) of
-    128 threads; per chunk its masked-product loop runs 17 times (the 16-lane groups' pairs of chunk rows). Its floor
-    is the sequential forward's (each slice's block reads the head's r, w, k, a, b again: from L2, as the model assumes
-    of repeated loads)."""
+    """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, kValueSlice<N>
+    value rows: 64 at N = 64, 32 at N = 128) of 128 threads; per chunk its masked-product loop runs 17 times (the
+    16-lane groups' pairs of chunk rows). Its floor is the sequential forward's (each slice's block reads the head's
+    r, w, k, a, b again: from L2, as the model assumes of repeated loads)."""
     sequential = _wkv7(False, heads, n)
     b, t, slice_rows = 8, 4096, 64 if n == 64 else 32
     return Workload(f"WKV7 chunked fwd B{b} T{t} H{heads} N{n} bf16", "token-head", sequential.units, sequential.read,

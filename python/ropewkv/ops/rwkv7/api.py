@@ -58,7 +58,7 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
 def _resolve_algorithm(algorithm) -> str:
     """The algorithm for `algorithm`: every backend runs both. "auto" is "sequential" everywhere until a GPU measures
     the chunked/sequential crossover (benchmarks/NOTES.md, "Chunked WKV7"): on the CPU twin the chunked form is
-    about 2x faster at T = 4096 (short of the 3x the rule asks for) and untimed at short T, and the Triton and CUDA
+    2.65-2.9x faster at T = 4096 (short of the 3x the rule asks for) and untimed at short T, and the Triton and CUDA
     chunked kernels are untimed on a GPU so far."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
