@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -42,3 +43,42 @@ def build_driver(source: str, exe: str, include_dirs: list, sanitizers: str = "a
     build = subprocess.run(cmd + [os.path.join(DATA, source), "-o", exe], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
     return exe
+
+
+# ---- WKV7 case directories (tests/data/host_cuda/wkv7_case.h) --------------------------------------------------------
+WKV7_NAMES = ("r", "w", "k", "v", "a", "b")
+WKV7_IO = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+WKV7_DECAYS = ("loglog", "raw", "log")
+WKV7_PRECISIONS = {"fp32": 0, "bf16": 1}
+# (I/O dtype, w in fp32 beside 16-bit r..b, precision) that the drivers instantiate (wkv7_case.h: dispatch_wkv7):
+# each storage of w and each precision at least once.
+WKV7_CONFIGS = [(torch.float32, False, "fp32"), (torch.float32, False, "bf16"), (torch.bfloat16, False, "fp32"),
+                (torch.bfloat16, True, "bf16"), (torch.float16, True, "fp32")]
+
+
+def write_raw(tensor, path):
+    """A tensor's elements as raw bytes (16-bit dtypes through int16, so numpy need not know bf16)."""
+    bits = torch.int32 if tensor.element_size() == 4 else torch.int16
+    tensor.contiguous().view(bits).numpy().tofile(path)
+
+
+def read_raw(path, dtype, shape):
+    bits = torch.int32 if dtype.itemsize == 4 else torch.int16
+    return torch.frombuffer(bytearray(path.read_bytes()), dtype=bits).view(dtype).view(shape)
+
+
+def write_wkv7_case(directory, inputs: dict, cu_seqlens, initial_state, decay: str, precision: str, n_seqs: int,
+                    save: bool = True):
+    """inputs r..b [batch, seqlen, heads, N] (w may be fp32 beside 16-bit r..b) into `directory` as the drivers read
+    them."""
+    for name in WKV7_NAMES:
+        write_raw(inputs[name], directory / f"{name}.bin")
+    if cu_seqlens is not None:
+        cu_seqlens.to(torch.int64).numpy().tofile(directory / "cu_seqlens.bin")
+    if initial_state is not None:
+        write_raw(initial_state.float(), directory / "initial_state.bin")
+    batch, seqlen, heads, n = inputs["r"].shape
+    w_fp32 = inputs["w"].dtype == torch.float32 and inputs["r"].dtype != torch.float32
+    fields = (WKV7_IO[inputs["r"].dtype], int(w_fp32), WKV7_PRECISIONS[precision], WKV7_DECAYS.index(decay), n, batch,
+              seqlen, heads, n_seqs, int(cu_seqlens is not None), int(initial_state is not None), int(save))
+    (directory / "case.txt").write_text(" ".join(str(f) for f in fields) + "\n")

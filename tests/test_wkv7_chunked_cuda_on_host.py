@@ -31,14 +31,12 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, build_driver
+from host_cuda import ROOT, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS as DECAYS, build_driver, read_raw, \
+    write_wkv7_case
 from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
 from ropewkv.testing.rwkv7 import rwkv7_inputs
 
-IO = {"fp32": (0, torch.float32, torch.int32), "bf16": (1, torch.bfloat16, torch.int16),
-      "fp16": (2, torch.float16, torch.int16)}
 UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
-DECAYS = ("loglog", "raw", "log")
 PRECISIONS = {"fp32": 0, "bf16": 1}
 FP32_BOUND = 2e-6
 
@@ -47,11 +45,6 @@ CASES = [
     dict(name="varlen_n32_state", n=32, batch=1, seqlen=53, heads=2, cu=[0, 5, 6, 21, 40, 53], initial_state=True),
     dict(name="varlen_n64", n=64, batch=1, seqlen=35, heads=1, cu=[0, 19, 35], initial_state=False),
 ]
-
-# (I/O dtype, w in fp32 beside it, precision): each storage of w and each precision at least once.
-CONFIGS = [("fp32", False, "fp32"), ("fp32", False, "bf16"), ("bf16", False, "fp32"), ("bf16", True, "bf16"),
-           ("fp16", True, "fp32")]
-
 
 @pytest.fixture(scope="session")
 def driver(tmp_path_factory) -> str:
@@ -83,8 +76,7 @@ def _as_kernel_sees(x, precision):
 
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
 def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config):
-    io, w_fp32, precision = CONFIGS[config]
-    code, dtype, int_dtype = IO[io]
+    dtype, w_fp32, precision = CONFIGS[config]
     seed = random.SystemRandom().randrange(2 ** 31)
     gen = torch.Generator().manual_seed(seed)
     runs = []
@@ -98,27 +90,18 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
         cu = None if c["cu"] is None else torch.tensor(c["cu"], dtype=torch.int64)
         n_seqs = c["batch"] if cu is None else len(c["cu"]) - 1
         s0 = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen) if c["initial_state"] else None
-        for name in ("r", "w", "k", "v", "a", "b"):
-            t = x[name]
-            t.view(torch.int32 if t.dtype == torch.float32 else torch.int16).numpy().tofile(d / f"{name}.bin")
-        if cu is not None:
-            cu.numpy().tofile(d / "cu_seqlens.bin")
-        if s0 is not None:
-            s0.numpy().tofile(d / "initial_state.bin")
-        fields = (code, int(w_fp32), PRECISIONS[precision], DECAYS.index(decay), c["n"], c["batch"], c["seqlen"],
-                  c["heads"], n_seqs, int(cu is not None), int(s0 is not None), 1)
-        (d / "case.txt").write_text(" ".join(str(f) for f in fields) + "\n")
+        write_wkv7_case(d, x, cu, s0, decay, precision, n_seqs)
         runs.append((c, decay, d, x, cu, s0, n_seqs))
     run = subprocess.run([driver, *(str(d) for _, _, d, *_ in runs)], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
 
     for c, decay, d, x, cu, s0, n_seqs in runs:
-        where = f"{c['name']} {io} w_fp32={w_fp32} {precision} {decay} (seed {seed})"
+        where = f"{c['name']} {dtype} w_fp32={w_fp32} {precision} {decay} (seed {seed})"
         n, chunks = c["n"], math.ceil(c["seqlen"] / 16)
         shape = (c["batch"], c["seqlen"], c["heads"], n)
-        y = _read(d / "y.bin", int_dtype).view(dtype).view(shape)
-        final = _read(d / "final_state.bin", torch.int32).view(torch.float32).view(n_seqs, c["heads"], n, n)
-        ckpt = _read(d / "checkpoints.bin", torch.int32).view(torch.float32).view(c["batch"], chunks, c["heads"], n, n)
+        y = read_raw(d / "y.bin", dtype, shape)
+        final = read_raw(d / "final_state.bin", torch.float32, (n_seqs, c["heads"], n, n))
+        ckpt = read_raw(d / "checkpoints.bin", torch.float32, (c["batch"], chunks, c["heads"], n, n))
         assert not y.isnan().any(), f"{where}: y has elements the kernel never wrote"
         assert not final.isnan().any(), f"{where}: final state not written"
         written = _written_slots(c)
@@ -139,7 +122,3 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
                 ("checkpoints vs cpu twin", ckpt[written], twin_ckpt[written], FP32_BOUND)):
             err = _rel_rms(got, want)
             assert err <= bound, f"{where}: {what} relative RMS {err:.3g} > {bound:.3g}"
-
-
-def _read(path, int_dtype):
-    return torch.frombuffer(bytearray(path.read_bytes()), dtype=int_dtype)

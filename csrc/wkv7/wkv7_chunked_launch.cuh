@@ -2,7 +2,7 @@
 // The host launch of the chunked WKV7 forward kernel (wkv7_chunked_kernels.cuh, kept free of launch syntax for the
 // host emulator), instantiated per head size by wkv7_chunked_n*.cu.
 #include "wkv7_chunked_kernels.cuh"
-#include "wkv7_kernels.cuh"  // dispatch_io_w
+#include "wkv7_launch.cuh"  // dispatch_io_w
 
 namespace ropewkv::cuda {
 

@@ -1,6 +1,7 @@
 #pragma once
 // CUDA kernels of the WKV7 ops, RWKV-LM style: one block per (sequence, head), N threads, thread i owns row i of
-// the state in registers. Torch-free; included by one small .cu per head size so that builds parallelise.
+// the state in registers. Torch-free and free of launch syntax, so that the host emulator runs them
+// (tests/test_wkv7_cuda_on_host.py); launched by wkv7_launch.cuh, instantiated by one small .cu per head size.
 #include <type_traits>
 
 #include "ropewkv/cuda_common.cuh"
@@ -138,10 +139,31 @@ __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
   for (int j = 0; j < N; ++j) p.final_state[(t.task * N + i) * int64_t(N) + j] = row[j];
 }
 
+// Thread i's row of S into a row-major N x N slot, as 16-byte stores.
+template <int N>
+__device__ __forceinline__ void store_row(float* state, int i, const float* row) {
+  float4* out = reinterpret_cast<float4*>(state + i * N);
+#pragma unroll
+  for (int j = 0; j < N; j += 4) out[j / 4] = float4{row[j], row[j + 1], row[j + 2], row[j + 3]};
+}
+
+// sum_j S[j][i] x[j] for column i of a row-major N x N state: the lanes of a warp read consecutive floats. The
+// terms in wkv7::dot's order. x in registers needs the full unroll; x in shared memory takes kUnroll = 16, which keeps
+// 16 loads in flight and fewer registers (with the full unroll the N = 64 backward spilled 164-244 B at the cap).
+template <int N, int kUnroll = N>
+__device__ __forceinline__ float column_dot(const float* column, const float* x) {
+  float sum = 0.f;
+#pragma unroll kUnroll
+  for (int j = 0; j < N; ++j) sum += column[j * N] * x[j];
+  return sum;
+}
+
 // The backward: per chunk of kCheckpointEvery tokens (latest first), recompute its states from the checkpoint in
-// row layout into the block's scratch (stored transposed, so thread i later reads column i of S contiguously), then
-// run the adjoint steps. Thread i keeps row i of G (for dv, dsa) and column i of G (for dk, db, dd), as RWKV-LM does,
-// so that every sum is a per-thread loop.
+// row layout into the block's scratch, then run the adjoint steps. Thread i keeps row i of G (for dv, dsa) and
+// column i of G (for dk, db, dd), as RWKV-LM does, so that every sum is a per-thread loop. The scratch is row-major:
+// the recompute writes one row per thread per token (16-byte stores), the adjoint reads three columns per token,
+// coalesced. (Transposed, as before the H100 run of 2026-11-26, each column read had the lanes 4 N bytes apart, one
+// 32-byte L2 sector per 4-byte load: ~0.8 TB of L2 traffic at B8 T4096 H64 N64, 124 ms measured.)
 template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p) {
   const Task t = task_of(p.size);
@@ -159,7 +181,7 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
   io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
   __shared__ float r_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
   __shared__ float sa_[kCheckpointEvery][N];
-  float* states = p.scratch + t.task * (kCheckpointEvery + 1) * kNN;  // states[l][j][i] = S_{q+l-1}[i][j]
+  float* states = p.scratch + t.task * (kCheckpointEvery + 1) * kNN;  // states[l][i][j] = S_{q+l-1}[i][j]
   float g_row[N], g_col[N];
   const float* gs = p.grad_final_state ? p.grad_final_state + t.task * kNN : nullptr;
 #pragma unroll
@@ -180,15 +202,12 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
         for (int j = 0; j < N; ++j) row[j] = slot[j * N + i];
       }
       __syncthreads();  // the previous chunk's readers of states and sa_ are done
-#pragma unroll
-      for (int j = 0; j < N; ++j) states[j * N + i] = row[j];
+      store_row<N>(states, i, row);
       for (int l = 0; l < len; ++l) {
         const int64_t idx = token_index(p.size, t, q + l, N) + i;
         stage_token<P>(idx, i, decay, r, w, k, a, b, r_, d_, k_, a_, b_);
         wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa_[l][i]);
-        float* next = states + (l + 1) * kNN;
-#pragma unroll
-        for (int j = 0; j < N; ++j) next[j * N + i] = row[j];
+        store_row<N>(states + (l + 1) * kNN, i, row);
       }
     }
     for (int l = len - 1; l >= 0; --l) {
@@ -204,18 +223,18 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
       b_[i] = wkv7::load<P>(b[idx]);
       dy_[i] = wkv7::load<P>(gy[idx]);
       __syncthreads();
-      const float* prev_col = states + l * kNN + i * N;       // S_{t-1}[j][i] = prev_col[j]
-      const float* cur_col = states + (l + 1) * kNN + i * N;  // S_t[j][i]
+      const float* prev_col = states + l * kNN + i;       // S_{t-1}[j][i] = prev_col[j * N]
+      const float* cur_col = states + (l + 1) * kNN + i;  // S_t[j][i]
       float dv_i, dsa_i;
       wkv7::adjoint_row_output(g_row, N, dy_[i], r_, k_, b_, dv_i, dsa_i);
       wkv7::adjoint_col_output(g_col, N, dy_, r_[i]);
-      const float dr_i = wkv7::dot(cur_col, dy_, N);
+      const float dr_i = column_dot<N, 16>(cur_col, dy_);
       const float dk_i = wkv7::dot(g_col, v_, N);
       const float db_i = wkv7::dot(g_col, sa_[l], N);
-      const float dd_i = wkv7::dot(g_col, prev_col, N);
+      const float dd_i = column_dot<N>(prev_col, g_col);
       dsa_[i] = dsa_i;
       __syncthreads();
-      const float da_i = wkv7::dot(prev_col, dsa_, N);
+      const float da_i = column_dot<N, 16>(prev_col, dsa_);
       wkv7::adjoint_row_propagate(g_row, N, d_, dsa_i, a_);
       wkv7::adjoint_col_propagate(g_col, N, d_i, dsa_, a_[i]);
       gr[idx] = wkv7::store<io_t, P>(dr_i);
@@ -287,48 +306,5 @@ __global__ void __launch_bounds__(wkv7::StepLanes<N>::kThreads) step_kernel(cons
 }
 
 }  // namespace wkv7_detail
-
-// Calls launch(io_t{}, w_t{}) for the storage types of r..b (named by `dtype`) and of w (named by W), then returns
-// the launch status. fp32 I/O has no separate fp32-w instantiation (that pair is DecayStorage::kIO).
-template <DecayStorage W, typename F>
-cudaError_t dispatch_io_w(DType dtype, F&& launch) {
-  if constexpr (W == DecayStorage::kIO) {
-    return dispatch_io(dtype, [&](auto tag) { launch(tag, tag); });
-  } else {
-    if (dtype == DType::kFloat32) return cudaErrorInvalidValue;
-    return dispatch_io(dtype, [&](auto tag) {
-      if constexpr (!std::is_same_v<decltype(tag), float>) launch(tag, float{});
-    });
-  }
-}
-
-// One launcher per kernel: dtype x w storage x precision dispatch over a 1-D grid of (sequence or batch) x heads
-// blocks of THREADS threads.
-#define ROPEWKV_WKV7_LAUNCHER(NAME, KERNEL, PARAMS, BLOCKS, THREADS)                                                   \
-  template <int N, DecayStorage W>                                                                           \
-  cudaError_t NAME(DType dtype, Precision precision, const PARAMS& p, cudaStream_t stream) {                 \
-    const int64_t blocks = (BLOCKS);                                                                         \
-    if (blocks == 0) return cudaSuccess;                                                                     \
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;                                           \
-    return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {                                            \
-      using io_t = decltype(io_tag);                                                                         \
-      using w_t = decltype(w_tag);                                                                           \
-      if (precision == Precision::kBF16) {                                                                   \
-        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kBF16><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
-      } else {                                                                                               \
-        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kFP32><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
-      }                                                                                                      \
-    });                                                                                                      \
-  }
-
-ROPEWKV_WKV7_LAUNCHER(wkv7_forward, forward_kernel, Wkv7ForwardParams, p.size.n_seqs* p.size.heads, N)
-ROPEWKV_WKV7_LAUNCHER(wkv7_backward, backward_kernel, Wkv7BackwardParams, p.size.n_seqs* p.size.heads, N)
-ROPEWKV_WKV7_LAUNCHER(wkv7_step, step_kernel, Wkv7StepParams, p.batch* p.heads, wkv7::StepLanes<N>::kThreads)
-#undef ROPEWKV_WKV7_LAUNCHER
-
-#define ROPEWKV_WKV7_INSTANTIATE(N, W)                                                                          \
-  template cudaError_t wkv7_forward<N, W>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);         \
-  template cudaError_t wkv7_backward<N, W>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);       \
-  template cudaError_t wkv7_step<N, W>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
 
 }  // namespace ropewkv::cuda

@@ -1,5 +1,5 @@
 // WKV7 CUDA kernels for head size 128, w at r..b's type (one file per head size and w storage: builds parallelise).
-#include "wkv7_kernels.cuh"
+#include "wkv7_launch.cuh"
 
 namespace ropewkv::cuda {
 ROPEWKV_WKV7_INSTANTIATE(128, DecayStorage::kIO)

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
+#include <vector_functions.h>  // make_float4 and the like
 
 // CUDA's host_defines.h maps these to attributes for nvcc, which g++ does not have; here they mean nothing.
 #undef __device__

@@ -1,0 +1,51 @@
+#pragma once
+// The host launches of the sequential WKV7 kernels (wkv7_kernels.cuh), instantiated per head size and storage of w by
+// wkv7_n*.cu.
+#include "wkv7_kernels.cuh"
+
+namespace ropewkv::cuda {
+
+// Calls launch(io_t{}, w_t{}) for the storage types of r..b (named by `dtype`) and of w (named by W), then returns
+// the launch status. fp32 I/O has no separate fp32-w instantiation (that pair is DecayStorage::kIO).
+template <DecayStorage W, typename F>
+cudaError_t dispatch_io_w(DType dtype, F&& launch) {
+  if constexpr (W == DecayStorage::kIO) {
+    return dispatch_io(dtype, [&](auto tag) { launch(tag, tag); });
+  } else {
+    if (dtype == DType::kFloat32) return cudaErrorInvalidValue;
+    return dispatch_io(dtype, [&](auto tag) {
+      if constexpr (!std::is_same_v<decltype(tag), float>) launch(tag, float{});
+    });
+  }
+}
+
+// One launcher per kernel: dtype x w storage x precision dispatch over a 1-D grid of (sequence or batch) x heads
+// blocks of THREADS threads.
+#define ROPEWKV_WKV7_LAUNCHER(NAME, KERNEL, PARAMS, BLOCKS, THREADS)                                                   \
+  template <int N, DecayStorage W>                                                                           \
+  cudaError_t NAME(DType dtype, Precision precision, const PARAMS& p, cudaStream_t stream) {                 \
+    const int64_t blocks = (BLOCKS);                                                                         \
+    if (blocks == 0) return cudaSuccess;                                                                     \
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;                                           \
+    return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {                                            \
+      using io_t = decltype(io_tag);                                                                         \
+      using w_t = decltype(w_tag);                                                                           \
+      if (precision == Precision::kBF16) {                                                                   \
+        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kBF16><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
+      } else {                                                                                               \
+        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kFP32><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
+      }                                                                                                      \
+    });                                                                                                      \
+  }
+
+ROPEWKV_WKV7_LAUNCHER(wkv7_forward, forward_kernel, Wkv7ForwardParams, p.size.n_seqs* p.size.heads, N)
+ROPEWKV_WKV7_LAUNCHER(wkv7_backward, backward_kernel, Wkv7BackwardParams, p.size.n_seqs* p.size.heads, N)
+ROPEWKV_WKV7_LAUNCHER(wkv7_step, step_kernel, Wkv7StepParams, p.batch* p.heads, wkv7::StepLanes<N>::kThreads)
+#undef ROPEWKV_WKV7_LAUNCHER
+
+#define ROPEWKV_WKV7_INSTANTIATE(N, W)                                                                          \
+  template cudaError_t wkv7_forward<N, W>(DType, Precision, const Wkv7ForwardParams&, cudaStream_t);         \
+  template cudaError_t wkv7_backward<N, W>(DType, Precision, const Wkv7BackwardParams&, cudaStream_t);       \
+  template cudaError_t wkv7_step<N, W>(DType, Precision, const Wkv7StepParams&, cudaStream_t);
+
+}  // namespace ropewkv::cuda

@@ -1,0 +1,112 @@
+"""The sequential WKV7 CUDA kernels (csrc/wkv7/wkv7_kernels.cuh: forward_kernel, then backward_kernel from its
+checkpoints) run on the host, against the CPU twin (torch.ops.ropewkv.wkv7_forward / wkv7_backward on CPU) and the
+fp64 reference's autograd. CUDA cannot run here; this runs the kernels' own code: each block's N threads as concurrent
+std::threads with real barriers (tests/data/host_cuda/cuda_block_prelude.h), every block of the grid, built with
+AddressSanitizer/UBSan by tests/host_cuda.py. Outputs, gradients and the backward's scratch start NaN-filled. What the
+host does not model: tests/test_wkv7_chunked_cuda_on_host.py's docstring.
+
+The backward's scratch layout (row-major since the H100 run of 2026-11-26: the recompute stores rows, the adjoint reads
+columns) is what this guards: a mismatch between the two reads the wrong state and fails every gradient by far.
+
+Tolerances (relative RMS) as in tests/test_wkv7_chunked_cuda_on_host.py: fp32 math on every side in different orders
+(the forward kernel splits its row sums into 4 partial chains), so fp32 results agree to 2e-6 (measured ~1e-7 ..
+4e-7); a 16-bit stored output adds u (its unit roundoff) against fp64 and 0.25 u against the CPU twin, which rounds
+nearly the same fp32 values.
+"""
+import os
+import random
+import subprocess
+
+import pytest
+import torch
+
+import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
+from host_cuda import ROOT, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS, WKV7_NAMES, WKV7_PRECISIONS, build_driver, \
+    read_raw, write_raw, write_wkv7_case
+from ropewkv.testing.rwkv7 import oracle, rwkv7_inputs
+
+UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+FP32_BOUND = 2e-6
+CASES = [
+    dict(name="batch_n64_t37_state", n=64, batch=2, seqlen=37, heads=2, cu=None, initial_state=True),
+    dict(name="varlen_n32_state", n=32, batch=1, seqlen=53, heads=2, cu=[0, 5, 6, 21, 40, 53], initial_state=True),
+    dict(name="varlen_n64", n=64, batch=1, seqlen=35, heads=1, cu=[0, 19, 35], initial_state=False),
+]
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory) -> str:
+    exe = str(tmp_path_factory.mktemp("wkv7_cuda_on_host") / "driver")
+    return build_driver("wkv7_cuda_on_host.cpp", exe, [os.path.join(ROOT, "csrc", "wkv7")])
+
+
+def _rel_rms(got, want):
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm())
+
+
+def _as_kernel_sees(x, precision):
+    """An input as the kernel loads it: through bf16 in the bf16 mode (w too: wkv7::kDecayMode)."""
+    return x.to(torch.bfloat16).to(x.dtype) if precision == "bf16" else x
+
+
+def _unit_roundoff(name, stored, precision):
+    """The unit roundoff of an output's last rounding: its storage dtype's, or bf16's where precision="bf16" rounds
+    it before storing (y and the gradients of r..b; the states and their gradients stay fp32)."""
+    if name in ("final_state", "dinitial_state"):
+        return 0.0
+    return max(UNIT_ROUNDOFF[stored], UNIT_ROUNDOFF[torch.bfloat16] if precision == "bf16" else 0.0)
+
+
+@pytest.mark.parametrize("config", range(len(CONFIGS)))
+def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tmp_path, config):
+    dtype, w_fp32, precision = CONFIGS[config]
+    seed = random.SystemRandom().randrange(2 ** 31)
+    gen = torch.Generator().manual_seed(seed)
+    runs = []
+    for i, c in enumerate(CASES):
+        decay = WKV7_DECAYS[(i + config) % len(WKV7_DECAYS)]  # the three conventions in every config
+        d = tmp_path / c["name"]
+        d.mkdir()
+        x = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], dtype, decay, gen)
+        if w_fp32:
+            x["w"] = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], torch.float32, decay, gen)["w"]
+        cu = None if c["cu"] is None else torch.tensor(c["cu"], dtype=torch.int64)
+        n_seqs = c["batch"] if cu is None else len(c["cu"]) - 1
+        s0 = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen) if c["initial_state"] else None
+        grad_y = torch.randn(x["r"].shape, generator=gen).to(dtype)
+        grad_final = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen)
+        write_wkv7_case(d, x, cu, s0, decay, precision, n_seqs)
+        write_raw(grad_y, d / "grad_y.bin")
+        write_raw(grad_final, d / "grad_final_state.bin")
+        runs.append((c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final))
+    run = subprocess.run([driver, *(str(r[2]) for r in runs)], capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
+
+    decay_code = {d: i for i, d in enumerate(WKV7_DECAYS)}
+    for c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final in runs:
+        where = f"{c['name']} {dtype} w_fp32={w_fp32} {precision} {decay} (seed {seed})"
+        n, shape = c["n"], x["r"].shape
+        state_shape = (n_seqs, c["heads"], n, n)
+        got = {"y": read_raw(d / "y.bin", dtype, shape),
+               "final_state": read_raw(d / "final_state.bin", torch.float32, state_shape)}
+        got.update({f"d{name}": read_raw(d / f"grad_{name}.bin", x[name].dtype, shape) for name in WKV7_NAMES})
+        got["dinitial_state"] = read_raw(d / "grad_initial_state.bin", torch.float32, state_shape)
+        for name, value in got.items():
+            assert not value.isnan().any(), f"{where}: {name} has elements the kernels never wrote"
+
+        args = [x[name] for name in WKV7_NAMES]
+        codes = (decay_code[decay], WKV7_PRECISIONS[precision])
+        twin_y, twin_final, ckpt = torch.ops.ropewkv.wkv7_forward(*args, s0, cu, *codes, True)
+        twin_grads = torch.ops.ropewkv.wkv7_backward(grad_y, grad_final, *args, s0, cu, ckpt, *codes)
+        twin = {"y": twin_y, "final_state": twin_final, **dict(zip([f"d{n_}" for n_ in WKV7_NAMES], twin_grads))}
+        seen = {name: _as_kernel_sees(x[name], precision) for name in WKV7_NAMES}
+        ref_y, ref_final, ref_grads = oracle({**seen, "initial_state": s0}, decay, _as_kernel_sees(grad_y, precision),
+                                             grad_final, cu_seqlens=cu)
+        ref = {"y": ref_y, "final_state": ref_final, **{f"d{k}": g for k, g in ref_grads.items()}}
+        if s0 is not None:
+            twin["dinitial_state"] = twin_grads[6]
+        for name in twin:
+            u = _unit_roundoff(name, got[name].dtype, precision)
+            for what, want, bound in (("cpu twin", twin[name], FP32_BOUND + 0.25 * u),
+                                      ("fp64", ref[name], FP32_BOUND + u)):
+                err = _rel_rms(got[name], want)
+                assert err <= bound, f"{where}: {name} vs {what}: relative RMS {err:.3g} > {bound:.3g}"
