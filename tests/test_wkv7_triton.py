@@ -227,3 +227,22 @@ def test_opcheck(device):
     s0 = torch.randn(2, 1, 32, 32, generator=seeded(20)).to(device).requires_grad_()
     cu_seqlens = torch.tensor([0, 2, 5], device=device)
     torch.library.opcheck(torch.ops.ropewkv.wkv7_triton_fwd.default, (*args, s0, cu_seqlens, "raw", "fp32", True))
+
+
+def test_decode_step_op_updates_the_state_in_place(device):
+    """ropewkv::wkv7_triton_step (wkv7_step on the Triton twin) hands the state to the kernel as its initial and its
+    final state at once: it equals the sequence kernel at T = 1 run into separate buffers, bit for bit, in eager and
+    under torch.compile (which must keep the declared mutation), and passes opcheck (schema, fake kernel)."""
+    inputs = _inputs(device, 2, 1, 2, 32, torch.float32, "raw", seed=21, initial_state=True)
+    xs = [inputs[name][:, 0] for name in NAMES]
+    s0 = inputs["initial_state"]
+    expected_y, expected_state = wkv7_triton(*(x.unsqueeze(1) for x in xs), s0, True, None, "raw", "fp32")
+    state, compiled_state = s0.clone(), s0.clone()
+    with poisoned_outputs():
+        y = torch.ops.ropewkv.wkv7_triton_step(*xs, state, "raw", "fp32")
+        step = torch.compile(lambda *x: torch.ops.ropewkv.wkv7_triton_step(*x, "raw", "fp32"), fullgraph=True,
+                             backend="aot_eager")
+        compiled_y = step(*xs, compiled_state)
+    assert torch.equal(y, expected_y[:, 0]) and torch.equal(state, expected_state)
+    assert torch.equal(compiled_y, y) and torch.equal(compiled_state, state)
+    torch.library.opcheck(torch.ops.ropewkv.wkv7_triton_step.default, (*xs, s0.clone(), "raw", "fp32"))
