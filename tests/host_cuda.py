@@ -1,6 +1,7 @@
 """Builds a driver that runs a CUDA kernel on the host: g++ with AddressSanitizer/UBSan over the stand-ins of
 tests/data/host_cuda (cuda_prelude.h, cuda_block_prelude.h) and the CUDA headers (for uint4, dim3, cudaError_t).
-Used by tests/test_rope_cuda_on_host.py and tests/test_cuda_block_on_host.py.
+Used by tests/test_rope_cuda_on_host.py, tests/test_cuda_block_on_host.py and the WKV7 ones
+(tests/test_wkv7_cuda_on_host.py, tests/test_wkv7_chunked_cuda_on_host.py: their case directories are written here).
 """
 import os
 import shutil

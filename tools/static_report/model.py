@@ -10,8 +10,9 @@ The model (stated in the report too):
 - Per-thread instructions. Streaming kernels (RoPE, decode step): the kernel's work path (entry to exit, every
   loop body once, the branches that store the most and, among those, the fewest instructions: slow paths such as
   the sincos range reduction are not taken) plus as many more iterations of the hot loop as the thread's share of
-  the output needs. Sequential kernels (WKV7 forward/backward): per token, one iteration of every innermost loop
-  (each runs once per token: the forward's token loop, the backward's recompute and adjoint loops), on its lean
+  the output needs. Sequential kernels (WKV7 forward/backward): per token, one iteration of every token loop
+  (the forward's token loop, the backward's recompute and adjoint loops; loops nested in them taken as many times
+  as they run per token, Workload.inner_trips: the CUDA adjoint's column dots), on its lean
   path (the forward's every-16th-token checkpoint store left out; its bytes are in the floor); the once-per-chunk and
   once-per-sequence code is not counted.
 - Sequential kernels are a dependent chain per token: a block cannot start token t+1 before token t. Occupancy
@@ -65,7 +66,7 @@ class Workload:
     tokens: int = 0         # > 0: a sequential recurrence over this many tokens per block
     cuda_blocks: int = 0    # CUDA blocks where its grid differs from Triton's (0: blocks)
     chunk: int = 0          # > 0: the recurrence steps this many tokens per iteration of the kernel's outer loop
-    inner_trips: int = 0    # chunked: the iterations per chunk of each loop nested in the chunk loop
+    inner_trips: int = 0    # iterations per chunk (chunked) or per token (sequential) of each loop nested in that loop
 
 
 def _rope() -> Workload:
@@ -92,7 +93,8 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     direction = "bwd" if backward else "fwd"
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
                     b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
-                    cuda_threads=n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t)
+                    cuda_threads=n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
+                    inner_trips=n // 16 if backward else 0)  # the CUDA adjoint's column dots: loops unrolled by 16
 
 
 def _wkv7_chunked(heads: int, n: int) -> Workload:
@@ -187,6 +189,23 @@ def chunk_iteration(kernel, workload: Workload) -> Path:
     return outer.work + _times(more, workload.inner_trips - 1)
 
 
+def token_iteration(kernel, workload: Workload) -> Path:
+    """One token of a sequential kernel on its lean path. The loops that run once per token are the innermost loops
+    and the outer loops nested in another outer loop (the CUDA backward's adjoint loop, around its column dots), the
+    latter with each loop nested in it taken workload.inner_trips times; the outermost loops step over chunks of
+    tokens and are not counted."""
+    outer = kernel.outer_loops
+    nested = [loop for loop in outer
+              if any({id(i) for i in loop.inner} < {id(i) for i in other.inner} for other in outer)]
+    if nested and workload.inner_trips < 1:
+        raise LookupError(f"{kernel.key}: loops nested in its token loop but no Workload.inner_trips; update "
+                          "tools/static_report/model.py to the kernel as it is now")
+    inside = {id(i) for loop in nested for i in loop.inner}
+    path = sum((loop.lean + _times(sum((i.lean for i in loop.inner), start=Path()), workload.inner_trips - 1)
+                for loop in nested), start=Path())
+    return path + sum((loop.lean for loop in kernel.loops if id(loop) not in inside), start=Path())
+
+
 def _times(path: Path, count: int) -> Path:
     return Path(path.instructions * count, path.loaded * count, path.stored * count, path.stored_unmasked * count,
                 Counter({access: n * count for access, n in path.accesses.items()}))
@@ -210,7 +229,7 @@ def predict(kernel, workload: Workload) -> Prediction:
             steps = math.ceil(workload.tokens / workload.chunk)
             per_step = chunk_iteration(kernel, workload)
         else:
-            steps, per_step = workload.tokens, sum((loop.lean for loop in kernel.loops), start=Path())
+            steps, per_step = workload.tokens, token_iteration(kernel, workload)
         thread_instructions = per_step.instructions * steps * blocks * threads
         stored = per_step.stored_unmasked * steps * blocks * threads
         scratch = max(0, stored - workload.written)
