@@ -14,6 +14,10 @@ export TRITON_CACHE_DIR := $(BUILD)/triton
 export TORCH_EXTENSIONS_DIR := $(BUILD)/torch_extensions
 export MAX_JOBS ?= $(shell nproc)
 export PYTHONUNBUFFERED := 1
+# OpenMP's threads sleep at a barrier instead of spinning: make test runs pytest beside the compile checks on CI's 2
+# cores, where a spinning thread burns the core the other thread (or nvcc) needs. Beside one busy core, benchmarks/
+# rope.py --quick on CPU (2 threads): 12.6-14.4 s spinning, 9.4 s passive (2026-11-26). Threads stay at 2.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 HAS_GPU = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))")
 # The Triton twin runs under the interpreter where no GPU is present.

@@ -142,6 +142,9 @@ def _seconds(call: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+TIMING = {False: (5, 25, 2.0), True: (2, 5, 0.3)}  # --quick: warm-up calls, most timed repeats, seconds budget
+
+
 def time_calls(calls: Sequence[Callable[[], object]], device: torch.device, quick: bool = False,
                host_per_call: Optional[list] = None) -> float:
     """Median seconds per call, cycling over `calls` (one closure per rotated input set). Repeats: 25 (quick: 5),
@@ -149,7 +152,7 @@ def time_calls(calls: Sequence[Callable[[], object]], device: torch.device, quic
     On a GPU, host_per_call (a list) gets the host's seconds per call while issuing the timed calls: where it comes
     close to the returned time, the GPU waited for the host and the figure measures the host, not the kernels."""
     n = len(calls)
-    warmup, max_repeats, budget = (2, 5, 0.3) if quick else (5, 25, 2.0)
+    warmup, max_repeats, budget = TIMING[quick]
     for i in range(warmup):
         calls[i % n]()
     per_call = statistics.median(_seconds(calls[i % n], device) for i in range(3))
@@ -262,6 +265,8 @@ def time_modes(work: Work, device: torch.device, quick: bool) -> dict:
             del out, expected
             probe = _seconds(lambda: work.fn(*first_args), device)
         n_sets = 1 if probe > 1e-3 else rotation_count(tensor_bytes(first_args), device)
+        if device.type == "cpu":  # time_calls uses sets 0..max_repeats-1 there: more would be made and never used
+            n_sets = min(n_sets, TIMING[quick][1])
         sets = [(first_args, first_grads)] + [work.make_set() for _ in range(n_sets - 1)]
     except Exception as error:
         failure = describe_failure(error)

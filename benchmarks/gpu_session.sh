@@ -2,14 +2,17 @@
 # One GPU session per device call, planned so that the call always returns with its numbers, from the repo root:
 #   run(command="ROPEWKV_COMMIT=<sha> bash benchmarks/gpu_session.sh", carry=[".whl"], timeout_s=600)
 #
-# PLAN=main (default), in priority order: env -> wheels -> build (asserts the `cuda` backend loaded) -> parity on cuda
-#   and triton -> RWKV-7 training-shape rows (B8 T4096, no torch.compile) -> decode and log-decay rows -> RoPE
-#   training-shape and decode rows (ropewkv, eager HF, Liger) -> host overhead at decode -> the other WKV7 rows
-#   (torch.compile, the eager-sized shape) -> the other RoPE rows -> pytest, one step per test
+# PLAN=main (default), in priority order: env -> wheels -> build (asserts the `cuda` backend loaded) -> RoPE training
+#   and decode rows (ropewkv, eager HF, Liger) -> ropewkv's WKV7 training rows (B8 T4096, N=64 and N=128, no
+#   torch.compile) -> parity on cuda and triton -> WKV7 decode and log-decay rows -> host overhead at decode -> FLA's
+#   WKV7 training rows (its autotuning on first use costs minutes, so it runs after our rows, not among them) -> the
+#   other WKV7 rows (torch.compile, the eager-sized shape) -> the other RoPE rows -> pytest, one step per test
 #   file (tests/test_*.py: a new file is picked up), each under pytest-timeout.
 # PLAN=tests: env -> wheels -> build -> the pytest steps alone (a second call, when the first ran out of time for them).
-# PLAN=sanitize: env -> build -> compute-sanitizer memcheck, racecheck, initcheck, synccheck over SAN_TESTS (a handful
-#   of small named tests that reach every CUDA kernel). A second call: the build is reused while the machine is warm.
+# PLAN=sanitize: env -> build -> compute-sanitizer memcheck, racecheck, initcheck and synccheck, all four at once (one
+#   process each on the one GPU, each its own log, the logs appended to session.log when all are done) over SAN_TESTS
+#   (a handful of small named tests that reach every CUDA kernel). SAN_TOOLS picks the tools. A second call: the build
+#   is reused while the machine is warm.
 # PLAN=checks: env -> build -> benchmarks/gpu_checks.sh (edge shapes, reliability tests, sanitizers over them).
 #
 # The time plan: each step has a budget (seconds, measured in benchmarks/NOTES.md); a step runs under
@@ -23,10 +26,11 @@
 # A benchmark cut short keeps its rows so far in its .json ("complete": false).
 #
 # Knobs (environment): PLAN, STEPS (comma list: only these steps of the plan), TOTAL_S (default 540, inside the tool's
-# 600 s), DEVICE (cuda; cpu: a dry run of the same plumbing on a machine without a GPU, as tests/test_gpu_session.py
-# runs it), TESTS (test files, default tests/test_*.py), TEST_TIMEOUT_S (per test, default 120), BENCH_ARGS (extra
-# arguments for every benchmark, e.g. --quick), PLOT=0 (no PNGs), PYTHON (default python3), ROPEWKV_COMMIT (the
-# commit printed in the tables: the copy may have no .git), TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only).
+# 600 s), SAN_TOOLS (PLAN=sanitize: the tools, space-separated; default all four), DEVICE (cuda; cpu: a dry run of the
+# same plumbing on a machine without a GPU, as tests/test_gpu_session.py runs it), TESTS (test files, default
+# tests/test_*.py), TEST_TIMEOUT_S (per test, default 120), BENCH_ARGS (extra arguments for every benchmark, e.g.
+# --quick), PLOT=0 (no PNGs), PYTHON (default python3), ROPEWKV_COMMIT (the commit printed in the tables: the copy may
+# have no .git), TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -105,16 +109,49 @@ print('backends:', backends)
 assert '$EXPECTED_BACKEND' in backends, ropewkv._backend.unavailable_reason('$EXPECTED_BACKEND', torch.device('$DEVICE'))"
 }
 
-# PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor its own cudaMalloc, so the sanitizer sees out-of-bounds accesses that
-# the caching allocator would hide inside a larger block. The dry run runs the same tests without the tool.
-sanitize() {
-    local tool=()
+# The tools run at once, one process each on the one GPU: on the H100 (2026-11-26) all four took 51 s over five tests,
+# about what racecheck alone takes. Each writes $WORK/<tool>.log, appended to the step's output when all are done (a
+# tool stopped at the time limit included), and one line to $WORK/sanitize.md for the summary. racecheck reports
+# write-write hazards inside Triton's own cross-warp reductions (tl.sum through shared memory, triton-lang/triton#7264:
+# seen in our Triton chunked forward on 2026-11-26), so its failure must be read kernel by kernel; the CUDA kernels
+# showed 0 hazards. PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor its own cudaMalloc, so the sanitizer sees
+# out-of-bounds accesses that the caching allocator would hide inside a larger block. The dry run runs the same tests
+# without the tool.
+sanitize_one() {
+    local tool=() tests
     if [[ $DEVICE == cuda ]]; then
         tool=(compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 --target-processes all)
     fi
-    local tests
     read -r -a tests <<<"$SAN_TESTS_LIST"
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 "${tool[@]}" "$PY" -m pytest -q -p no:cacheprovider "${tests[@]}"
+}
+
+sanitize() {
+    local tools pids=() i rc failed=0 stopped=0 status
+    read -r -a tools <<<"${SAN_TOOLS:-memcheck racecheck initcheck synccheck}"
+    # Each tool stops 10 s before the step's limit, so that this shell still prints every log and summary line.
+    local limit=$((STEP_LIMIT_S > 15 ? STEP_LIMIT_S - 10 : 5))
+    for tool in "${tools[@]}"; do
+        timeout --kill-after=3 "$limit" bash -c "sanitize_one $tool" >"$WORK/$tool.log" 2>&1 &
+        pids+=($!)
+    done
+    : >"$WORK/sanitize.md"
+    for i in "${!tools[@]}"; do
+        rc=0
+        wait "${pids[i]}" || rc=$?
+        if ((rc == 0)); then status=ok
+        elif ((rc == 124 || rc == 137)); then status="stopped at the time limit" stopped=1
+        else status="FAIL (rc $rc)" failed=1; fi
+        echo "- ${tools[i]}: $status; $(grep -E -o '[0-9]+ (passed|failed)[^=]*' "$WORK/${tools[i]}.log" | tail -1)" \
+            "$(grep -E -o '(ERROR|RACECHECK) SUMMARY.*' "$WORK/${tools[i]}.log" | tail -1)" >>"$WORK/sanitize.md"
+    done
+    for tool in "${tools[@]}"; do
+        echo "--- $tool ($WORK/$tool.log)"
+        cat "$WORK/$tool.log"
+        echo  # a tool stopped mid-line
+    done
+    cat "$WORK/sanitize.md"
+    if ((failed)); then return 1; elif ((stopped)); then return 124; fi  # 124: the step shows as TIMEOUT
 }
 
 checks() {
@@ -144,22 +181,26 @@ plan() {
     BUDGETS+=("$2")
     COMMANDS+=("$(printf '%q ' "${@:3}")")
 }
-plan env 60 environment  # importing torch and triton takes seconds, a minute on a loaded machine
+plan env 45 environment  # importing torch and triton: 9-10 s on a fresh H100/H200, longer on a loaded CI (dry run)
 case $PLAN in
 main | tests)
-    plan wheels 20 install_wheels
-    plan build 240 build
+    plan wheels 10 install_wheels
+    plan build 120 build  # 58-60 s from scratch (H100, H200); 0 when the source hash matches
     if [[ $PLAN == main ]]; then
-        # RoPE's training rows first (a minute), then WKV7's: the parity rows ran on the H200 (2026-11-26) and each
-        # benchmark row carries its own error against the reference.
-        plan rope-train 60 "$PY" benchmarks/rope.py "${BENCH[@]}" --no-compile --shapes train,decode \
+        # Every ropewkv row before any peer's autotuning: on the H100 (2026-11-26) one step of all the B8 T4096 rows
+        # spent its 300 s on N=64 and FLA's first-use autotuning, and N=128 never started. 240 s: ~100 s per head
+        # size for our 8 rows (Triton JIT included; estimated, see benchmarks/NOTES.md "Time plan").
+        plan rope-train 75 "$PY" benchmarks/rope.py "${BENCH[@]}" --no-compile --shapes train,decode \
             --only "ropewkv,eager HF,Liger"
-        # --no-compile: the torch.compile rows (a compile each) come with the rest, by --append. 300 s: Triton JIT
-        # and FLA's autotuning on a cold machine, for two head sizes.
-        plan rwkv7-train 300 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes "B8 T4096" --append
-        plan parity 150 "$PY" -m ropewkv parity --device "$DEVICE"
+        plan rwkv7-train 240 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes "B8 T4096" --only ropewkv \
+            --append
+        plan parity 120 "$PY" -m ropewkv parity --device "$DEVICE"  # 51 s after the training rows JIT-compiled Triton
         plan rwkv7-decode 45 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes decode,log_decay --append
         plan host-overhead 20 "$PY" benchmarks/host_overhead.py "${BENCH[@]}"
+        # FLA's rows at the training shapes: its autotuning on first use costs minutes per function and shape.
+        plan rwkv7-train-fla 240 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --no-compile --shapes "B8 T4096" \
+            --only FLA --append
+        # --append: what the steps above measured is kept, the rest (torch.compile, B8 T32) measured.
         plan rwkv7-rest 120 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --append
         plan rope-rest 90 "$PY" benchmarks/rope.py "${BENCH[@]}" --append
     fi
@@ -168,11 +209,11 @@ main | tests)
     done
     ;;
 sanitize)
-    plan build 240 build
-    for tool in memcheck racecheck initcheck synccheck; do plan "$tool" 100 sanitize "$tool"; done
+    plan build 120 build
+    plan sanitize 200 sanitize  # the slowest tool (racecheck) over the 11 tests, the others beside it
     ;;
 checks)
-    plan build 240 build
+    plan build 120 build
     plan checks 520 checks  # gpu_checks.sh's limits add to 630 s: set CHECKS (e.g. edges,backtrace) to fit; on a warm machine
     ;;
 *)
@@ -190,7 +231,7 @@ for budget in "${BUDGETS[@]}"; do total=$((total + budget)); done
 
 SUMMARY=()
 STOPPED=""
-export -f environment install_wheels build sanitize checks
+export -f environment install_wheels build sanitize_one sanitize checks
 export SAN_TESTS_LIST="${SAN_TESTS[*]}" EXPECTED_BACKEND
 for i in "${!NAMES[@]}"; do
     name=${NAMES[i]}
@@ -202,7 +243,7 @@ for i in "${!NAMES[@]}"; do
     echo "=== $name (limit ${limit}s): ${COMMANDS[i]}" | tee -a "$LOG"
     start=$SECONDS rc=0
     # bash -c: the steps are functions or commands; --kill-after: a step that ignores SIGTERM is killed 5 s later.
-    timeout --kill-after=5 "$limit" bash -c "${COMMANDS[i]}" >>"$LOG" 2>&1 || rc=$?
+    STEP_LIMIT_S=$limit timeout --kill-after=5 "$limit" bash -c "${COMMANDS[i]}" >>"$LOG" 2>&1 || rc=$?
     if ((rc == 124 || rc == 137)); then status="TIMEOUT at ${limit}s"; elif ((rc)); then status="FAIL (rc $rc)"; else
         status=ok; fi
     result=$(tail -n 3 "$LOG" | grep -E -o '[0-9]+ (passed|failed|skipped|error)[^=]*' | tail -1)
@@ -218,7 +259,11 @@ done
     echo "## GPU session summary ($(date -u '+%Y-%m-%d %H:%M UTC'), ${SECONDS}s of TOTAL_S=$TOTAL_S, PLAN=$PLAN, DEVICE=$DEVICE)"
     printf -- '- %s\n' "${SUMMARY[@]}"
     grep -h -- '^- .* is [0-9.]*x ' "$WORK"/rope.md "$WORK"/rwkv7.md 2>/dev/null
-    grep -h 'ERROR SUMMARY' "$LOG" "$OUT"/*.log 2>/dev/null | sed 's/^/- sanitizer: /'
+    if [[ -f $WORK/sanitize.md ]]; then
+        sed 's/^- /- sanitizer /' "$WORK/sanitize.md"
+    else
+        grep -h -E '(ERROR|RACECHECK) SUMMARY' "$LOG" 2>/dev/null | sed 's/^/- sanitizer: /'
+    fi
 } >"$WORK/summary.md"
 cat "$WORK/summary.md" >>"$OUT/results.md"
 if [[ $PLAN == checks ]]; then cp "$WORK"/gpu_checks.log "$WORK"/sanitizer_edges.log "$OUT"/ 2>/dev/null; fi

@@ -9,7 +9,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_session.sh")
-TESTS = "tests/test_readme.py tests/test_rope_angle.py"
+TESTS = "tests/test_reference.py tests/test_rope_thread_map.py"  # two of the fastest files: the steps are the point
 
 
 def dry_run(out, **env) -> tuple:
@@ -27,7 +27,7 @@ def test_main_plan_runs_every_step_in_order(tmp_path):
     out, steps = dry_run(tmp_path / "out", TOTAL_S="400")
     planned = re.findall(r"^- ([^:]+): \d+s$", out.split("## GPU session plan")[1].split("===")[0], flags=re.M)
     expected = ["env", "wheels", "build", "rope-train", "rwkv7-train", "parity", "rwkv7-decode", "host-overhead",
-                "rwkv7-rest", "rope-rest"] + [f"pytest {f}" for f in TESTS.split()]
+                "rwkv7-train-fla", "rwkv7-rest", "rope-rest"] + [f"pytest {f}" for f in TESTS.split()]
     assert planned == expected, out
     assert [s for s in steps if s in expected] == expected, steps  # the summary lists every step, in order
     for name in ("env", "wheels", "build", "parity"):
@@ -42,7 +42,11 @@ def test_main_plan_runs_every_step_in_order(tmp_path):
 
 
 def test_sanitize_plan_names_tests_that_exist(tmp_path):
-    """The dry run runs the sanitizer's named tests without the tool: a renamed test fails here, not on the GPU."""
-    out, steps = dry_run(tmp_path / "out", PLAN="sanitize", STEPS="env,build,memcheck", TOTAL_S="300")
-    assert steps["memcheck"].startswith("ok") and "11 passed" in steps["memcheck"], out[-3000:]
-    assert steps["racecheck"] == "not in STEPS", steps
+    """The dry run runs the sanitizer's named tests without the tool: a renamed test fails here, not on the GPU.
+    SAN_TOOLS picks the tools (one here: the tests are the same for each), and each gets its own summary line."""
+    out, steps = dry_run(tmp_path / "out", PLAN="sanitize", SAN_TOOLS="memcheck", STEPS="env,build,sanitize",
+                         TOTAL_S="300")
+    assert steps["sanitize"].startswith("ok") and "11 passed" in steps["sanitize"], out[-3000:]
+    assert steps["sanitizer memcheck"].startswith("ok; 11 passed"), steps
+    assert not [s for s in steps if s.startswith("sanitizer ") and s != "sanitizer memcheck"], steps
+    assert "--- memcheck" in (tmp_path / "out" / "session.log").read_text()  # the tool's log, appended
