@@ -55,6 +55,24 @@ WKV7_PRECISIONS = {"fp32": 0, "bf16": 1}
 # each storage of w and each precision at least once.
 WKV7_CONFIGS = [(torch.float32, False, "fp32"), (torch.float32, False, "bf16"), (torch.bfloat16, False, "fp32"),
                 (torch.bfloat16, True, "bf16"), (torch.float16, True, "fp32")]
+# Shapes of what a kernel handles per chunk: T not a multiple of 16, cu_seqlens with odd lengths (a 1-token sequence,
+# sequences starting and ending inside a chunk), an initial state or none, N = 32 and 64.
+WKV7_CASES = [
+    dict(name="batch_n64_t37_state", n=64, batch=2, seqlen=37, heads=2, cu=None, initial_state=True),
+    dict(name="varlen_n32_state", n=32, batch=1, seqlen=53, heads=2, cu=[0, 5, 6, 21, 40, 53], initial_state=True),
+    dict(name="varlen_n64", n=64, batch=1, seqlen=35, heads=1, cu=[0, 19, 35], initial_state=False),
+]
+UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def rel_rms(got, want) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm())
+
+
+def as_kernel_sees(x, precision):
+    """A WKV7 input as the kernels load it: through bf16 in the bf16 mode (w too: wkv7::kDecayMode)."""
+    return x.to(torch.bfloat16).to(x.dtype) if precision == "bf16" else x
 
 
 def write_raw(tensor, path):

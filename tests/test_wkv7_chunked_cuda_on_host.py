@@ -31,30 +31,18 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS as DECAYS, build_driver, read_raw, \
-    write_wkv7_case
+from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CASES, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS as DECAYS, \
+    WKV7_PRECISIONS as PRECISIONS, as_kernel_sees, build_driver, read_raw, rel_rms, write_wkv7_case
 from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
 from ropewkv.testing.rwkv7 import rwkv7_inputs
 
-UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
-PRECISIONS = {"fp32": 0, "bf16": 1}
 FP32_BOUND = 2e-6
 
-CASES = [
-    dict(name="batch_n64_t37_state", n=64, batch=2, seqlen=37, heads=2, cu=None, initial_state=True),
-    dict(name="varlen_n32_state", n=32, batch=1, seqlen=53, heads=2, cu=[0, 5, 6, 21, 40, 53], initial_state=True),
-    dict(name="varlen_n64", n=64, batch=1, seqlen=35, heads=1, cu=[0, 19, 35], initial_state=False),
-]
 
 @pytest.fixture(scope="session")
 def driver(tmp_path_factory) -> str:
     exe = str(tmp_path_factory.mktemp("wkv7_chunked_cuda_on_host") / "driver")
     return build_driver("wkv7_chunked_cuda_on_host.cpp", exe, [os.path.join(ROOT, "csrc", "wkv7")])
-
-
-def _rel_rms(got, want):
-    got, want = got.double(), want.double()
-    return float((got - want).norm() / want.norm())
 
 
 def _written_slots(c):
@@ -69,18 +57,13 @@ def _written_slots(c):
     return written
 
 
-def _as_kernel_sees(x, precision):
-    """An input as the kernel loads it: through bf16 in the bf16 mode (w too: wkv7::kDecayMode)."""
-    return x.to(torch.bfloat16).to(x.dtype) if precision == "bf16" else x
-
-
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
 def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config):
     dtype, w_fp32, precision = CONFIGS[config]
     seed = random.SystemRandom().randrange(2 ** 31)
     gen = torch.Generator().manual_seed(seed)
     runs = []
-    for i, c in enumerate(CASES):
+    for i, c in enumerate(WKV7_CASES):
         decay = DECAYS[(i + config) % len(DECAYS)]  # every config runs the three conventions, one per case
         d = tmp_path / c["name"]
         d.mkdir()
@@ -111,7 +94,7 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
         args = [x[name] for name in ("r", "w", "k", "v", "a", "b")]
         twin_y, twin_final, twin_ckpt = torch.ops.ropewkv.wkv7_chunked_forward(
             *args, s0, cu, DECAYS.index(decay), PRECISIONS[precision], True)
-        ref_y, ref_final = reference_wkv7(*(_as_kernel_sees(t, precision) for t in args), initial_state=s0,
+        ref_y, ref_final = reference_wkv7(*(as_kernel_sees(t, precision) for t in args), initial_state=s0,
                                           output_final_state=True, cu_seqlens=cu, decay=decay, dtype=torch.float64)
         y_dtype = torch.bfloat16 if precision == "bf16" and dtype != torch.bfloat16 else dtype
         u = max(UNIT_ROUNDOFF[dtype], UNIT_ROUNDOFF[y_dtype])
@@ -120,5 +103,5 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
                 ("final state vs cpu twin", final, twin_final, FP32_BOUND),
                 ("final state vs fp64", final, ref_final, FP32_BOUND),
                 ("checkpoints vs cpu twin", ckpt[written], twin_ckpt[written], FP32_BOUND)):
-            err = _rel_rms(got, want)
+            err = rel_rms(got, want)
             assert err <= bound, f"{where}: {what} relative RMS {err:.3g} > {bound:.3g}"

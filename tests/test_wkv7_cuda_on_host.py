@@ -21,31 +21,17 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS, WKV7_NAMES, WKV7_PRECISIONS, build_driver, \
-    read_raw, write_raw, write_wkv7_case
+from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CASES, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS, WKV7_NAMES, \
+    WKV7_PRECISIONS, as_kernel_sees, build_driver, read_raw, rel_rms, write_raw, write_wkv7_case
 from ropewkv.testing.rwkv7 import oracle, rwkv7_inputs
 
-UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 FP32_BOUND = 2e-6
-CASES = [
-    dict(name="batch_n64_t37_state", n=64, batch=2, seqlen=37, heads=2, cu=None, initial_state=True),
-    dict(name="varlen_n32_state", n=32, batch=1, seqlen=53, heads=2, cu=[0, 5, 6, 21, 40, 53], initial_state=True),
-    dict(name="varlen_n64", n=64, batch=1, seqlen=35, heads=1, cu=[0, 19, 35], initial_state=False),
-]
+
+
 @pytest.fixture(scope="session")
 def driver(tmp_path_factory) -> str:
     exe = str(tmp_path_factory.mktemp("wkv7_cuda_on_host") / "driver")
     return build_driver("wkv7_cuda_on_host.cpp", exe, [os.path.join(ROOT, "csrc", "wkv7")])
-
-
-def _rel_rms(got, want):
-    got, want = got.detach().double(), want.detach().double()
-    return float((got - want).norm() / want.norm())
-
-
-def _as_kernel_sees(x, precision):
-    """An input as the kernel loads it: through bf16 in the bf16 mode (w too: wkv7::kDecayMode)."""
-    return x.to(torch.bfloat16).to(x.dtype) if precision == "bf16" else x
 
 
 def _unit_roundoff(name, stored, precision):
@@ -62,7 +48,7 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
     seed = random.SystemRandom().randrange(2 ** 31)
     gen = torch.Generator().manual_seed(seed)
     runs = []
-    for i, c in enumerate(CASES):
+    for i, c in enumerate(WKV7_CASES):
         decay = WKV7_DECAYS[(i + config) % len(WKV7_DECAYS)]  # the three conventions in every config
         d = tmp_path / c["name"]
         d.mkdir()
@@ -98,8 +84,8 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
         twin_y, twin_final, ckpt = torch.ops.ropewkv.wkv7_forward(*args, s0, cu, *codes, True)
         twin_grads = torch.ops.ropewkv.wkv7_backward(grad_y, grad_final, *args, s0, cu, ckpt, *codes)
         twin = {"y": twin_y, "final_state": twin_final, **dict(zip([f"d{n_}" for n_ in WKV7_NAMES], twin_grads))}
-        seen = {name: _as_kernel_sees(x[name], precision) for name in WKV7_NAMES}
-        ref_y, ref_final, ref_grads = oracle({**seen, "initial_state": s0}, decay, _as_kernel_sees(grad_y, precision),
+        seen = {name: as_kernel_sees(x[name], precision) for name in WKV7_NAMES}
+        ref_y, ref_final, ref_grads = oracle({**seen, "initial_state": s0}, decay, as_kernel_sees(grad_y, precision),
                                              grad_final, cu_seqlens=cu)
         ref = {"y": ref_y, "final_state": ref_final, **{f"d{k}": g for k, g in ref_grads.items()}}
         if s0 is not None:
@@ -108,5 +94,5 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
             u = _unit_roundoff(name, got[name].dtype, precision)
             for what, want, bound in (("cpu twin", twin[name], FP32_BOUND + 0.25 * u),
                                       ("fp64", ref[name], FP32_BOUND + u)):
-                err = _rel_rms(got[name], want)
+                err = rel_rms(got[name], want)
                 assert err <= bound, f"{where}: {name} vs {what}: relative RMS {err:.3g} > {bound:.3g}"

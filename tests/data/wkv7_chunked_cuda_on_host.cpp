@@ -6,8 +6,6 @@
 #include "cuda_block_prelude.h"
 #include "wkv7_case.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "wkv7_chunked_kernels.cuh"  // csrc/wkv7/
@@ -45,17 +43,8 @@ void run_case(const std::string& dir) {
   p.y = y.data();
   p.final_state = reinterpret_cast<float*>(final_state.data());
   p.checkpoints = c.save ? reinterpret_cast<float*>(checkpoints.data()) : nullptr;
-  if (c.n == 32) {
-    run_grid<32>(c, p);
-  } else if (c.n == 64) {
-    run_grid<64>(c, p);
-  } else {
-    std::fprintf(stderr, "head size %d: the driver runs 32 and 64\n", c.n);
-    std::exit(2);
-  }
-  host_cuda::write_file(dir + "/y.bin", y);
-  host_cuda::write_file(dir + "/final_state.bin", final_state);
-  host_cuda::write_file(dir + "/checkpoints.bin", checkpoints);
+  host_cuda::dispatch_head_size(c, [&]<int N>() { run_grid<N>(c, p); });
+  host_cuda::write_forward_outputs(dir, y, final_state, checkpoints);
 }
 
 }  // namespace

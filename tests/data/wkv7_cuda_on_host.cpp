@@ -56,17 +56,8 @@ void run_case(const std::string& dir) {
                                reinterpret_cast<float*>(scratch.data()), grads[0].data(), grads[1].data(),
                                grads[2].data(), grads[3].data(), grads[4].data(), grads[5].data(),
                                reinterpret_cast<float*>(grad_initial.data())};
-  if (c.n == 32) {
-    run_kernels<32>(c, fwd, bwd);
-  } else if (c.n == 64) {
-    run_kernels<64>(c, fwd, bwd);
-  } else {
-    std::fprintf(stderr, "head size %d: the driver runs 32 and 64\n", c.n);
-    std::exit(2);
-  }
-  host_cuda::write_file(dir + "/y.bin", y);
-  host_cuda::write_file(dir + "/final_state.bin", final_state);
-  host_cuda::write_file(dir + "/checkpoints.bin", checkpoints);
+  host_cuda::dispatch_head_size(c, [&]<int N>() { run_kernels<N>(c, fwd, bwd); });
+  host_cuda::write_forward_outputs(dir, y, final_state, checkpoints);
   const char* names[6] = {"r", "w", "k", "v", "a", "b"};
   for (int i = 0; i < 6; ++i) host_cuda::write_file(dir + "/grad_" + names[i] + ".bin", grads[i]);
   host_cuda::write_file(dir + "/grad_initial_state.bin", grad_initial);

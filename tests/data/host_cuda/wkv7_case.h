@@ -79,4 +79,22 @@ void dispatch_wkv7(const Wkv7Case& c, Run&& run) {
   std::exit(2);
 }
 
+// Calls run.template operator()<N>() for the case's head size (the drivers run 32 and 64).
+template <typename Run>
+void dispatch_head_size(const Wkv7Case& c, Run&& run) {
+  if (c.n == 32) return run.template operator()<32>();
+  if (c.n == 64) return run.template operator()<64>();
+  std::fprintf(stderr, "head size %d: the drivers run 32 and 64\n", c.n);
+  std::exit(2);
+}
+
+// A forward's outputs into the case directory, as the tests read them.
+inline void write_forward_outputs(const std::string& dir, const std::vector<unsigned char>& y,
+                                  const std::vector<unsigned char>& final_state,
+                                  const std::vector<unsigned char>& checkpoints) {
+  write_file(dir + "/y.bin", y);
+  write_file(dir + "/final_state.bin", final_state);
+  write_file(dir + "/checkpoints.bin", checkpoints);
+}
+
 }  // namespace host_cuda
