@@ -65,6 +65,29 @@ WKV7_CASES = [
 UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
+def wkv7_cases(directory, config: int, generator):
+    """For each WKV7_CASES entry under WKV7_CONFIGS[config]: its inputs drawn (w again at fp32, autocast's layout, where
+    the config says so: not a widened 16-bit value) and written into directory/<name> as the drivers read them. Each
+    config runs the three decay conventions, one per case. Yields (case, decay, case directory, inputs, cu_seqlens or
+    None, initial state or None, sequence count)."""
+    from ropewkv.testing.rwkv7 import rwkv7_inputs
+
+    dtype, w_fp32, precision = WKV7_CONFIGS[config]
+    for i, case in enumerate(WKV7_CASES):
+        decay = WKV7_DECAYS[(i + config) % len(WKV7_DECAYS)]
+        shape = (case["batch"], case["seqlen"], case["heads"], case["n"])
+        x = rwkv7_inputs(*shape, dtype, decay, generator)
+        if w_fp32:
+            x["w"] = rwkv7_inputs(*shape, torch.float32, decay, generator)["w"]
+        cu = None if case["cu"] is None else torch.tensor(case["cu"], dtype=torch.int64)
+        n_seqs = case["batch"] if cu is None else len(case["cu"]) - 1
+        s0 = torch.randn(n_seqs, *shape[2:], case["n"], generator=generator) if case["initial_state"] else None
+        case_dir = directory / case["name"]
+        case_dir.mkdir()
+        write_wkv7_case(case_dir, x, cu, s0, decay, precision, n_seqs)
+        yield case, decay, case_dir, x, cu, s0, n_seqs
+
+
 def rel_rms(got, want) -> float:
     got, want = got.detach().double(), want.detach().double()
     return float((got - want).norm() / want.norm())

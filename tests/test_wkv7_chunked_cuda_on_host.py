@@ -31,10 +31,9 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CASES, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS as DECAYS, \
-    WKV7_PRECISIONS as PRECISIONS, as_kernel_sees, build_driver, read_raw, rel_rms, write_wkv7_case
+from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS as DECAYS, \
+    WKV7_PRECISIONS as PRECISIONS, as_kernel_sees, build_driver, read_raw, rel_rms, wkv7_cases
 from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
-from ropewkv.testing.rwkv7 import rwkv7_inputs
 
 FP32_BOUND = 2e-6
 
@@ -62,19 +61,7 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
     dtype, w_fp32, precision = CONFIGS[config]
     seed = random.SystemRandom().randrange(2 ** 31)
     gen = torch.Generator().manual_seed(seed)
-    runs = []
-    for i, c in enumerate(WKV7_CASES):
-        decay = DECAYS[(i + config) % len(DECAYS)]  # every config runs the three conventions, one per case
-        d = tmp_path / c["name"]
-        d.mkdir()
-        x = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], dtype, decay, gen)
-        if w_fp32:  # the decay input drawn again at fp32 (autocast's layout), so it is not a widened 16-bit value
-            x["w"] = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], torch.float32, decay, gen)["w"]
-        cu = None if c["cu"] is None else torch.tensor(c["cu"], dtype=torch.int64)
-        n_seqs = c["batch"] if cu is None else len(c["cu"]) - 1
-        s0 = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen) if c["initial_state"] else None
-        write_wkv7_case(d, x, cu, s0, decay, precision, n_seqs)
-        runs.append((c, decay, d, x, cu, s0, n_seqs))
+    runs = list(wkv7_cases(tmp_path, config, gen))
     run = subprocess.run([driver, *(str(d) for _, _, d, *_ in runs)], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
 

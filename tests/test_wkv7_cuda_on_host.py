@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CASES, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS, WKV7_NAMES, \
-    WKV7_PRECISIONS, as_kernel_sees, build_driver, read_raw, rel_rms, write_raw, write_wkv7_case
-from ropewkv.testing.rwkv7 import oracle, rwkv7_inputs
+from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS, WKV7_NAMES, WKV7_PRECISIONS, \
+    as_kernel_sees, build_driver, read_raw, rel_rms, wkv7_cases, write_raw
+from ropewkv.testing.rwkv7 import oracle
 
 FP32_BOUND = 2e-6
 
@@ -48,19 +48,9 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
     seed = random.SystemRandom().randrange(2 ** 31)
     gen = torch.Generator().manual_seed(seed)
     runs = []
-    for i, c in enumerate(WKV7_CASES):
-        decay = WKV7_DECAYS[(i + config) % len(WKV7_DECAYS)]  # the three conventions in every config
-        d = tmp_path / c["name"]
-        d.mkdir()
-        x = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], dtype, decay, gen)
-        if w_fp32:
-            x["w"] = rwkv7_inputs(c["batch"], c["seqlen"], c["heads"], c["n"], torch.float32, decay, gen)["w"]
-        cu = None if c["cu"] is None else torch.tensor(c["cu"], dtype=torch.int64)
-        n_seqs = c["batch"] if cu is None else len(c["cu"]) - 1
-        s0 = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen) if c["initial_state"] else None
+    for c, decay, d, x, cu, s0, n_seqs in wkv7_cases(tmp_path, config, gen):
         grad_y = torch.randn(x["r"].shape, generator=gen).to(dtype)
         grad_final = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen)
-        write_wkv7_case(d, x, cu, s0, decay, precision, n_seqs)
         write_raw(grad_y, d / "grad_y.bin")
         write_raw(grad_final, d / "grad_final_state.bin")
         runs.append((c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final))
