@@ -10,6 +10,11 @@ import subprocess
 import pytest
 import torch
 
+from ropewkv._backend import precision_code
+from ropewkv.ops.rwkv7.api import _check_decay
+from ropewkv.reference.rwkv7 import DECAYS as WKV7_DECAYS
+from ropewkv.testing.rwkv7 import GRAD_NAMES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
 
@@ -47,10 +52,8 @@ def build_driver(source: str, exe: str, include_dirs: list, sanitizers: str = "a
 
 
 # ---- WKV7 case directories (tests/data/host_cuda/wkv7_case.h) --------------------------------------------------------
-WKV7_NAMES = ("r", "w", "k", "v", "a", "b")
+WKV7_NAMES = GRAD_NAMES[:6]
 WKV7_IO = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-WKV7_DECAYS = ("loglog", "raw", "log")
-WKV7_PRECISIONS = {"fp32": 0, "bf16": 1}
 # (I/O dtype, w in fp32 beside 16-bit r..b, precision) that the drivers instantiate (wkv7_case.h: dispatch_wkv7):
 # each storage of w and each precision at least once.
 WKV7_CONFIGS = [(torch.float32, False, "fp32"), (torch.float32, False, "bf16"), (torch.bfloat16, False, "fp32"),
@@ -121,6 +124,6 @@ def write_wkv7_case(directory, inputs: dict, cu_seqlens, initial_state, decay: s
         write_raw(initial_state.float(), directory / "initial_state.bin")
     batch, seqlen, heads, n = inputs["r"].shape
     w_fp32 = inputs["w"].dtype == torch.float32 and inputs["r"].dtype != torch.float32
-    fields = (WKV7_IO[inputs["r"].dtype], int(w_fp32), WKV7_PRECISIONS[precision], WKV7_DECAYS.index(decay), n, batch,
+    fields = (WKV7_IO[inputs["r"].dtype], int(w_fp32), precision_code(precision), _check_decay(decay), n, batch,
               seqlen, heads, n_seqs, int(cu_seqlens is not None), int(initial_state is not None), int(save))
     (directory / "case.txt").write_text(" ".join(str(f) for f in fields) + "\n")

@@ -31,8 +31,10 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS as DECAYS, \
-    WKV7_PRECISIONS as PRECISIONS, as_kernel_sees, build_driver, read_raw, rel_rms, wkv7_cases
+from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, as_kernel_sees, build_driver, read_raw, rel_rms, \
+    wkv7_cases
+from ropewkv._backend import precision_code
+from ropewkv.ops.rwkv7.api import _check_decay
 from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
 
 FP32_BOUND = 2e-6
@@ -80,7 +82,7 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
 
         args = [x[name] for name in ("r", "w", "k", "v", "a", "b")]
         twin_y, twin_final, twin_ckpt = torch.ops.ropewkv.wkv7_chunked_forward(
-            *args, s0, cu, DECAYS.index(decay), PRECISIONS[precision], True)
+            *args, s0, cu, _check_decay(decay), precision_code(precision), True)
         ref_y, ref_final = reference_wkv7(*(as_kernel_sees(t, precision) for t in args), initial_state=s0,
                                           output_final_state=True, cu_seqlens=cu, decay=decay, dtype=torch.float64)
         y_dtype = torch.bfloat16 if precision == "bf16" and dtype != torch.bfloat16 else dtype

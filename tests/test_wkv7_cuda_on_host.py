@@ -21,8 +21,10 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_DECAYS, WKV7_NAMES, WKV7_PRECISIONS, \
-    as_kernel_sees, build_driver, read_raw, rel_rms, wkv7_cases, write_raw
+from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_NAMES, as_kernel_sees, \
+    build_driver, read_raw, rel_rms, wkv7_cases, write_raw
+from ropewkv._backend import precision_code
+from ropewkv.ops.rwkv7.api import _check_decay
 from ropewkv.testing.rwkv7 import oracle
 
 FP32_BOUND = 2e-6
@@ -57,7 +59,6 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
     run = subprocess.run([driver, *(str(r[2]) for r in runs)], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
 
-    decay_code = {d: i for i, d in enumerate(WKV7_DECAYS)}
     for c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final in runs:
         where = f"{c['name']} {dtype} w_fp32={w_fp32} {precision} {decay} (seed {seed})"
         n, shape = c["n"], x["r"].shape
@@ -70,7 +71,7 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
             assert not value.isnan().any(), f"{where}: {name} has elements the kernels never wrote"
 
         args = [x[name] for name in WKV7_NAMES]
-        codes = (decay_code[decay], WKV7_PRECISIONS[precision])
+        codes = (_check_decay(decay), precision_code(precision))
         twin_y, twin_final, ckpt = torch.ops.ropewkv.wkv7_forward(*args, s0, cu, *codes, True)
         twin_grads = torch.ops.ropewkv.wkv7_backward(grad_y, grad_final, *args, s0, cu, ckpt, *codes)
         twin = {"y": twin_y, "final_state": twin_final, **dict(zip([f"d{n_}" for n_ in WKV7_NAMES], twin_grads))}
