@@ -68,7 +68,7 @@ def log_decay_from_raw(x):
 @triton.jit
 def log_decay_from_raw_grad(x):
     pos, neg = sigmoid_pair(x)
-    return -(pos * neg * EXP_MINUS_HALF)
+    return -(pos * EXP_MINUS_HALF) * neg  # ropewkv/decay.h's order of the two products: the same fp32 bits
 
 
 @triton.jit
