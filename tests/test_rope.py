@@ -163,7 +163,8 @@ def test_empty(device, shape):
         oq, ok = rope(q, q, inv_freq=inv, backend=backend)
         assert oq.shape == shape and ok.dtype == torch.bfloat16
         assert rope(q, inv_freq=inv, inplace=True, backend=backend) is q
-        hq, _ = apply_rotary_pos_emb(q, q, torch.ones(shape[0], 2, 16), torch.zeros(shape[0], 2, 16), backend=backend)
+        cos, sin = torch.ones(shape[0], 2, 16, device=device), torch.zeros(shape[0], 2, 16, device=device)
+        hq, _ = apply_rotary_pos_emb(q, q, cos, sin, backend=backend)
         assert hq.shape == shape
 
 
