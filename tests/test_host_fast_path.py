@@ -137,3 +137,22 @@ def test_wkv7_step_fast_path_equals_general_path(device, w_dtype):
 
         want, got = _both_paths(call)
         _same(got, want)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_wkv7_step_triton_runner_equals_the_op(device, precision):
+    """The fast path's Triton runner (the kernel without the custom op's dispatch; cached for CUDA tensors) gives the
+    op's result bit for bit and bumps the state's version counter, as the op's declared mutation does."""
+    if "triton" not in kernel_backends(device):
+        pytest.skip(f"no Triton twin for {device} tensors")
+    inputs = rwkv7_inputs(2, 1, 2, 32, torch.bfloat16, generator=seeded(8), device=device, initial_state=True)
+    state0 = inputs.pop("initial_state")
+    x = [t[:, 0].contiguous() for t in inputs.values()]
+    want_state = state0.clone()
+    want = torch.ops.ropewkv.wkv7_triton_step(*x, want_state, "raw", precision)
+    got_state = state0.clone()
+    version = got_state._version
+    got = decode._triton_runner("raw", precision)(*x, got_state)
+    _same(got, want)
+    assert torch.equal(got_state, want_state) and not torch.equal(got_state, state0)
+    assert got_state._version > version

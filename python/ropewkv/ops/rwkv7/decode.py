@@ -28,20 +28,46 @@ def _triton_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Ten
     its (batch, head) slice before it stores it (the stored state depends on every loaded element of its row), so the
     state moves once each way. (Through wkv7_triton and a copy back it moved twice: 48% of copy on the H100,
     2026-11-26.)"""
-    x = tuple(t.unsqueeze(1) for t in (r, w, k, v, a, b))
-    recurrent._check(*x, state, None, decay, precision)
+    recurrent._check(*(t.unsqueeze(1) for t in (r, w, k, v, a, b)), state, None, decay, precision)
+    return _launch_triton_step(r, w, k, v, a, b, state, decay, precision == "bf16")
+
+
+def _launch_triton_step(r, w, k, v, a, b, state, decay: str, low_precision: bool) -> torch.Tensor:
     y = _backend.new_output(r.shape, r.dtype, r.device)
-    recurrent._kernels().wkv7_forward(*x, state, None, y.unsqueeze(1), state, None, decay, precision == "bf16")
+    recurrent._kernels().wkv7_forward(*(t.unsqueeze(1) for t in (r, w, k, v, a, b)), state, None, y.unsqueeze(1),
+                                      state, None, decay, low_precision)
     return y
 
 
 _triton_step.register_fake(_fake_step)
 
 
+def _cpp_runner(decay_code: int, precision_code: int):
+    op = torch.ops.ropewkv.wkv7_step
+
+    def run(r, w, k, v, a, b, state):
+        return op(r, w, k, v, a, b, state, decay_code, precision_code)
+    return run
+
+
+def _triton_runner(decay: str, precision: str):
+    """The Triton kernel launched without the custom op: at decode its Python dispatch (argument defaults, the
+    ADInplaceOrView and autograd kernels, the checks the fast path has already made) cost ~70 µs of the ~100 µs host
+    time per call on the H100 (2026-11-26). The state's version counter is bumped as the op's mutation would."""
+    low_precision = precision == "bf16"
+
+    def run(r, w, k, v, a, b, state):
+        y = _launch_triton_step(r, w, k, v, a, b, state, decay, low_precision)
+        torch.autograd.graph.increment_version(state)
+        return y
+    return run
+
+
 # The decode fast path (as rope's, in ropewkv/ops/rope.py): the common call (r..b of one shape and device, w of r's
-# dtype or fp32, state as the op takes it) whose Python-level arguments the general path has accepted once for a C++
-# twin. It checks what varies per call and returns None for anything else: the general path then decides and raises.
-# (backend, precision, decay, r dtype, w dtype, head size, r device) -> (state dtype, decay code, precision code)
+# dtype or fp32, state as the op takes it) whose Python-level arguments the general path has accepted once for a
+# kernel twin (Triton on CUDA tensors only: on CPU tensors it depends on TRITON_INTERPRET, resolved on every call). It
+# checks what varies per call and returns None for anything else: the general path then decides and raises.
+# (backend, precision, decay, r dtype, w dtype, head size, r device) -> (state dtype, run(r, w, k, v, a, b, state))
 _ACCEPTED: dict = {}
 
 
@@ -66,12 +92,13 @@ def _step_fast(r, w, k, v, a, b, state, decay, precision, backend) -> Optional[t
         if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype or x.device != device:
             return None
     batch, heads, n = shape
-    state_dtype, decay_code, precision_code = accepted
+    state_dtype, run = accepted
     if (state.shape != (batch, heads, n, n) or state.dtype != state_dtype or state.device != device
             or not state.is_contiguous()):
         return None
-    return torch.ops.ropewkv.wkv7_step(r.contiguous(), w.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(),
-                                       b.contiguous(), state, decay_code, precision_code)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (r, w, k, v, a, b, state)):
+        return None  # the op has no backward: the general path's op call says so
+    return run(r.contiguous(), w.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), state)
 
 
 def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -99,10 +126,12 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError("state must be contiguous: wkv7_step updates it in place")
     precision_arg, precision = precision, _backend.resolve_precision(precision)
     tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
-    if resolved in ("cpu", "cuda"):
+    if resolved in ("cpu", "cuda") or (resolved == "triton" and r.is_cuda):
         if _decay_read_as_is(w, r) and not torch.compiler.is_compiling():
-            _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (
-                state.dtype, decay_code, _backend.precision_code(precision))
+            run = (_triton_runner(decay, precision) if resolved == "triton"
+                   else _cpp_runner(decay_code, _backend.precision_code(precision)))
+            _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (state.dtype, run)
+    if resolved in ("cpu", "cuda"):
         return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
     if resolved == "triton":
         return torch.ops.ropewkv.wkv7_triton_step(*tensors, state, decay, precision)
