@@ -6,7 +6,7 @@ errors after a warm-up call is in tests/test_bad_input.py (the warm cases)."""
 import pytest
 import torch
 
-from ropewkv import _checks
+from ropewkv import _backend, _checks
 from ropewkv.ops import rope as rope_ops
 from ropewkv.ops.rwkv7 import decode
 from ropewkv.testing import seeded
@@ -15,9 +15,15 @@ from ropewkv.testing.rwkv7 import rwkv7_inputs
 from conftest import kernel_backends
 
 
-def _fast_backends(device):
-    """The twins the fast path serves: Triton on CPU tensors (TRITON_INTERPRET) is resolved on every call."""
-    return [b for b in kernel_backends(device) if not (b == "triton" and device.type == "cpu")]
+@pytest.fixture(autouse=True)
+def fast_paths_serve_interpreted_triton(monkeypatch):
+    """The fast paths never cache Triton on CPU tensors (TRITON_INTERPRET, which tests toggle, decides it): here, where
+    the interpreter stays on, they may, so that CI runs the Triton fast paths too. What they cached is forgotten
+    afterwards, so that no later test meets a cached Triton-on-CPU entry."""
+    monkeypatch.setattr(_backend, "fast_path_cacheable", lambda resolved, t: resolved != "reference")
+    yield
+    rope_ops._ACCEPTED.clear()
+    decode._ACCEPTED.clear()
 
 
 def _general_only(monkeypatch):
@@ -85,7 +91,7 @@ def test_rope_fast_path_equals_general_path(device, case, grad):
     inv_freq = rope_inv_freq(rotary_dim or head_dim, device=device)
     offsets = torch.randint(0, 5000, (batch,), generator=gen).to(device) if spec["offsets"] == "tensor" else 0
     grads = [torch.randn(x.shape, generator=gen).to(dtype).to(device) for x in (q0, k0) if x is not None]
-    for backend in _fast_backends(device):
+    for backend in kernel_backends(device):
         def call():
             q, k = (None if x is None else x.detach().clone().requires_grad_(grad) for x in (q0, k0))
             with torch.set_grad_enabled(grad):
@@ -112,7 +118,7 @@ def test_apply_rotary_pos_emb_fast_path_equals_general_path(device, unsqueeze_di
     k0 = rope_input(batch, seqlen, 2, head_dim, torch.float32, layout, gen, device)
     cos, sin = (torch.randn(*table_shape, 6, generator=gen).to(torch.bfloat16).to(device) for _ in range(2))
     grads = [torch.randn(x.shape, generator=gen).to(device) for x in (q0, k0)]
-    for backend in _fast_backends(device):
+    for backend in kernel_backends(device):
         def call():
             q, k = (x.detach().clone().requires_grad_(grad) for x in (q0, k0))
             with torch.set_grad_enabled(grad):
@@ -129,7 +135,7 @@ def test_wkv7_step_fast_path_equals_general_path(device, w_dtype):
     state0 = inputs.pop("initial_state")
     x = {name: t[:, 0] for name, t in inputs.items()}
     x["w"] = x["w"].to(w_dtype)
-    for backend in _fast_backends(device):
+    for backend in kernel_backends(device):
         def call():
             state = state0.clone()
             y = decode.wkv7_step(*x.values(), state, decay="raw", backend=backend)

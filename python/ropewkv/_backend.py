@@ -132,6 +132,13 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def fast_path_cacheable(resolved: str, t: torch.Tensor) -> bool:
+    """Whether a decode fast path may remember that calls with tensors like `t` resolve to `resolved`: kernel twins
+    only, and Triton on CPU tensors never (that depends on TRITON_INTERPRET, which tests toggle, so it is resolved on
+    every call; tests/test_host_fast_path.py lifts this to run the Triton fast paths in the interpreter)."""
+    return resolved != "reference" and (t.is_cuda or (t.is_cpu and resolved != "triton"))
+
+
 def call_op(op, needs_grad: bool, *args):
     """op(*args); when no gradient can flow, below the Autograd key. torch.library's Python autograd kernel would only
     redispatch there, after a C++ -> Python -> C++ round trip that costs several µs per call: at decode the host is the

@@ -65,8 +65,8 @@ def _triton_runner(decay: str, precision: str):
 
 # The decode fast path (as rope's, in ropewkv/ops/rope.py): the common call (r..b of one shape and device, w of r's
 # dtype or fp32, state as the op takes it) whose Python-level arguments the general path has accepted once for a
-# kernel twin (Triton on CUDA tensors only: on CPU tensors it depends on TRITON_INTERPRET, resolved on every call). It
-# checks what varies per call and returns None for anything else: the general path then decides and raises.
+# kernel twin (_backend.fast_path_cacheable). It checks what varies per call and returns None for anything else: the
+# general path then decides and raises.
 # (backend, precision, decay, r dtype, w dtype, head size, r device) -> (state dtype, run(r, w, k, v, a, b, state))
 _ACCEPTED: dict = {}
 
@@ -126,11 +126,10 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError("state must be contiguous: wkv7_step updates it in place")
     precision_arg, precision = precision, _backend.resolve_precision(precision)
     tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
-    if resolved in ("cpu", "cuda") or (resolved == "triton" and r.is_cuda):
-        if _decay_read_as_is(w, r) and not torch.compiler.is_compiling():
-            run = (_triton_runner(decay, precision) if resolved == "triton"
-                   else _cpp_runner(decay_code, _backend.precision_code(precision)))
-            _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (state.dtype, run)
+    if _backend.fast_path_cacheable(resolved, r) and _decay_read_as_is(w, r) and not torch.compiler.is_compiling():
+        run = (_triton_runner(decay, precision) if resolved == "triton"
+               else _cpp_runner(decay_code, _backend.precision_code(precision)))
+        _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (state.dtype, run)
     if resolved in ("cpu", "cuda"):
         return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
     if resolved == "triton":
