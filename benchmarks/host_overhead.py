@@ -12,6 +12,8 @@ compute is small, and split into:
     autograd kernel that torch.library registers;
   - dispatcher: the same op on zero-size inputs (dispatcher + glue, no kernel work);
   - kernel: op - dispatcher (on a CUDA device: the launch and the queueing, not the GPU time).
+On a GPU both kernel twins are measured: the CUDA one and the Triton one (whose "op" is its custom op, so the custom
+op's Python dispatch counts there, while the public call's fast path skips it); on the CPU the C++ twin.
 The floor beside them: one eager aten op on a 1-element tensor (torch.add), measured in the same run. Each figure is
 the calling thread's CPU time (time.thread_time: a loaded machine's other processes do not count), the best of 7
 batches of back-to-back calls, single-threaded (torch.set_num_threads(1)).
@@ -95,19 +97,27 @@ def wkv7_step_case(device: torch.device, backend: str) -> tuple:
     state = torch.zeros(BATCH, heads, n, n, device=device)
     e = torch.empty(0, heads, n, device=device)
     e_state = torch.empty(0, heads, n, n, device=device)
-    step = below_autograd(torch.ops.ropewkv.wkv7_step)
+    if backend == "triton":
+        step, flags = below_autograd(torch.ops.ropewkv.wkv7_triton_step), ("loglog", "fp32")
+    else:
+        step, flags = below_autograd(torch.ops.ropewkv.wkv7_step), (0, 0)
     return ("wkv7_step", lambda: ropewkv.wkv7_step(r, w, k, v, a, b, state, backend=backend),
-            lambda: step(r, w, k, v, a, b, state, 0, 0), lambda: step(e, e, e, e, e, e, e_state, 0, 0))
+            lambda: step(r, w, k, v, a, b, state, *flags), lambda: step(e, e, e, e, e, e, e_state, *flags))
 
 
 def main(argv=None) -> int:
     session = common.Session("host_overhead", "Host overhead per eager call at decode", __doc__.splitlines()[0],
                              argv)
     device, quick = session.device, session.args.quick
-    backend = "cuda" if device.type == "cuda" and "cuda" in ropewkv.available_backends(device) else "cpu"
+    # On a GPU both kernel twins (the Triton one through its custom op: its dispatch is part of "op"); on the CPU the
+    # C++ twin (Triton there is the interpreter).
+    backends = ([b for b in ("cuda", "triton") if b in ropewkv.available_backends(device)] if device.type == "cuda"
+                else ["cpu"])
     torch.set_num_threads(1)  # the host path, not the CPU kernels' threading (on a loaded machine OpenMP stalls)
     one = torch.ones(1, device=device)
-    for name, public, op, op_empty in [*rope_cases(device, backend), wkv7_step_case(device, backend)]:
+    cases = [(backend, case) for backend in backends
+             for case in (*rope_cases(device, backend), wkv7_step_case(device, backend))]
+    for backend, (name, public, op, op_empty) in cases:
         if not common.selected(session.args, name):
             continue
         total, op_us, dispatch, floor = per_call_us([public, op, op_empty, lambda: torch.add(one, one)], device,
