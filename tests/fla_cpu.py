@@ -9,7 +9,8 @@ Use the session fixture `fla` (import it into the test module: `from fla_cpu imp
         fla.version                                                                   # "0.6.0"
 
 The fixture skips (saying why) when FLA is not installed; `make test` installs the supported version. Any other fla
-module may be imported inside a test that uses the fixture. On a GPU FLA runs as shipped. On CPU its Triton
+module may be imported inside a test that uses the fixture. On a GPU FLA runs as shipped, except that its fp32 dots
+are IEEE fp32 (TRITON_F32_DEFAULT=ieee; shipped, they are TF32), as under the interpreter. On CPU its Triton
 kernels run under TRITON_INTERPRET=1 (conftest sets it), which needs four things handled outside FLA (found on
 FLA 0.6.0 with Triton 3.7.1):
   1. `triton.autotune` benchmarks its configs on a GPU (and caches the timings with the GPU's driver): here every
@@ -104,13 +105,32 @@ def _load() -> types.SimpleNamespace:
     return types.SimpleNamespace(ops=fla.ops.rwkv7, layers=fla.layers, models=fla.models, version=fla.__version__)
 
 
+@contextlib.contextmanager
+def _ieee_fp32_dots():
+    """Compiled Triton makes an fp32 tl.dot without a stated precision a TF32 one (10-bit mantissa), and most of FLA's
+    chunk_rwkv7 dots state none: on a GPU every operand would be rounded to 2^-11, while the tests' bounds on FLA's
+    error (FLA_ERROR: 1e-6 for its default form; tests/test_patch_fla.py) are the 1.2e-7 .. 5.7e-5 measured under the
+    interpreter, whose dots are IEEE fp32. TRITON_F32_DEFAULT=ieee (read when a kernel compiles, and part of Triton's
+    cache key) gives FLA's kernels IEEE dots there too. ropewkv's fp32 dots state their precision (ieee) already."""
+    previous = os.environ.get("TRITON_F32_DEFAULT")
+    os.environ["TRITON_F32_DEFAULT"] = "ieee"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TRITON_F32_DEFAULT"]
+        else:
+            os.environ["TRITON_F32_DEFAULT"] = previous
+
+
 @pytest.fixture(scope="session")
 def fla():
     """FLA's modules (see the module doc), its kernels runnable on the test device."""
     if importlib.util.find_spec("fla") is None:
         pytest.skip(f"flash-linear-attention is not installed (make test installs {SUPPORTED_VERSIONS[-1]})")
     if os.environ.get("TRITON_INTERPRET") != "1":
-        yield _load()
+        with _ieee_fp32_dots():
+            yield _load()
         return
     with _interpreter_runs_fla():
         yield _load()

@@ -19,9 +19,10 @@ FUNCTIONS = ("chunk_rwkv7", "fused_recurrent_rwkv7", "fused_mul_recurrent_rwkv7"
 LOWER_BOUND = -0.6065306597126334  # -e^-0.5: RWKV7Attention's bound on its log decay
 # FLA's RWKV7Attention trains with these (its tensor-core chunk scheme).
 LAYER_HINTS = dict(safe_gate=True, chunk_size=64, lower_bound=LOWER_BOUND)
-# RMS error vs fp64 that FLA itself reaches on these cases under the interpreter (fp32; IEEE fp32 dots there, TF32 on
-# a GPU): its default chunk form 1.2e-7 forward, 2.3e-7 in gradients; its safe_gate form 1.2e-5 forward and 5.7e-5 in
-# gradients. ropewkv: 1.1e-7 forward, 2.0e-7 in gradients.
+# RMS error vs fp64 that FLA itself reaches on these cases under the interpreter (fp32; IEEE fp32 dots there, and on a
+# GPU too, where the fla fixture makes FLA's dots IEEE rather than its shipped TF32: tests/fla_cpu.py): its default
+# chunk form 1.2e-7 forward, 2.3e-7 in gradients; its safe_gate form 1.2e-5 forward and 5.7e-5 in gradients.
+# ropewkv: 1.1e-7 forward, 2.0e-7 in gradients.
 FLA_ERROR = {"default": 1e-6, "safe_gate": 1e-4}
 
 

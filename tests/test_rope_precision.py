@@ -55,11 +55,14 @@ def _cpu(q, k, cos, sin, interleaved, conjugate):
     return torch.ops.ropewkv.rope_cos_sin(q, k, cos, sin, interleaved, conjugate, _backend.precision_code("fp32"))
 
 
-def _triton(q, k, cos, sin, interleaved, conjugate):
+def _triton(device, q, k, cos, sin, interleaved, conjugate):
+    """The Triton launcher on `device` (compiled Triton takes CUDA tensors only; interpreted, CPU ones), outputs back
+    on the CPU beside the CPU twin's."""
+    q, k, cos, sin = (t.to(device) for t in (q, k, cos, sin))
     q_out = torch.full_like(q, float("nan"))
     k_out = torch.full_like(k, float("nan"))
     triton_rope.rope_cos_sin_forward(q, k, q_out, k_out, cos, sin, interleaved, conjugate, False)
-    return q_out, k_out
+    return q_out.cpu(), k_out.cpu()
 
 
 CASES = [(interleaved, conjugate, rotary_dim) for interleaved in (False, True) for conjugate in (False, True)
@@ -67,11 +70,12 @@ CASES = [(interleaved, conjugate, rotary_dim) for interleaved in (False, True) f
 
 
 @pytest.mark.parametrize("interleaved,conjugate,rotary_dim", CASES)
-def test_fp32_within_one_ulp_at_the_pair_norm_and_bit_identical(interleaved, conjugate, rotary_dim):
+def test_fp32_within_one_ulp_at_the_pair_norm_and_bit_identical(device, interleaved, conjugate, rotary_dim):
     """Both twins within 1 ulp of the fp64 oracle, and the CPU and Triton twins bit for bit the same (one run of each
     serves both checks: the interpreted Triton call is what costs)."""
     q, k, cos, sin = _inputs(1, rotary_dim)
-    outputs = {name: run(q, k, cos, sin, interleaved, conjugate) for name, run in (("cpu", _cpu), ("triton", _triton))}
+    outputs = {"cpu": _cpu(q, k, cos, sin, interleaved, conjugate),
+               "triton": _triton(device, q, k, cos, sin, interleaved, conjugate)}
     for name, outs in outputs.items():
         for out, x in zip(outs, (q, k)):
             err = rotation_ulp_error(out, _oracle(x, cos, sin, rotary_dim, interleaved, conjugate), rotary_dim,
@@ -95,7 +99,7 @@ def test_the_bound_discriminates():
 @pytest.mark.parametrize("dtype,precision", [(torch.float32, "fp32"), (torch.bfloat16, "fp32"),
                                              (torch.bfloat16, "bf16"), (torch.float16, "fp32")])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_cpu_and_triton_bit_identical_with_angles(dtype, precision, interleaved):
+def test_cpu_and_triton_bit_identical_with_angles(device, dtype, precision, interleaved):
     """Angles computed in the kernel (positions up to 2^20, attention scaling): the same reduction, the same
     polynomial sincos (rope.h's sincos_poly, mirrored by Triton's _sincos) and the same rotation give the same bits.
     S / 2 tokens (8192 angles per case): the interpreted kernel costs per token, and the sincos polynomial itself is
@@ -109,11 +113,12 @@ def test_cpu_and_triton_bit_identical_with_angles(dtype, precision, interleaved)
     scaling = 1.0625
     cpu = torch.ops.ropewkv.rope(q, k, inv_freq, positions, None, None, interleaved, False, scaling,
                                  _backend.precision_code(precision), None, False)
-    q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
-    triton_rope.rope_forward(q, k, q_out, k_out, inv_freq, positions, None, None, interleaved, False, scaling,
+    qd, kd, inv_freq_d, positions_d = (t.to(device) for t in (q, k, inv_freq, positions))  # Triton on its device
+    q_out, k_out = torch.full_like(qd, float("nan")), torch.full_like(kd, float("nan"))
+    triton_rope.rope_forward(qd, kd, q_out, k_out, inv_freq_d, positions_d, None, None, interleaved, False, scaling,
                              precision == "bf16")
     bits = torch.int32 if dtype == torch.float32 else torch.int16
-    for a, b in zip(cpu, (q_out, k_out)):
+    for a, b in zip(cpu, (q_out.cpu(), k_out.cpu())):
         assert torch.equal(a.view(bits), b.view(bits))
 
 
@@ -126,7 +131,7 @@ def _sincos_kernel(r_ptr, out_ptr, n, BLOCK: tl.constexpr, INTERPRETING: tl.cons
     tl.store(out_ptr + n + i, cos, mask=mask)
 
 
-def test_triton_sincos_mirrors_the_shared_polynomial():
+def test_triton_sincos_mirrors_the_shared_polynomial(device):
     """Triton's _sincos against the CPU twin's sincos_poly (the test hook), bit for bit over |r| <= 3.25 and at the
     quadrant boundaries (ties of the quadrant's rint)."""
     gen = seeded(4)
@@ -134,9 +139,11 @@ def test_triton_sincos_mirrors_the_shared_polynomial():
     near = torch.cat([torch.nextafter(boundaries, torch.full_like(boundaries, 9.0)), boundaries,
                       torch.nextafter(boundaries, torch.full_like(boundaries, -9.0))])
     r = torch.cat([(torch.rand(1 << 16, generator=gen) * 2 - 1) * 3.25, near, torch.tensor([0.0, 1e-30, -1e-30])])
-    out = torch.full((2 * r.numel(),), float("nan"))
+    out = torch.full((2 * r.numel(),), float("nan"), device=device)
     block = 1 << 12
-    _sincos_kernel[(triton.cdiv(r.numel(), block),)](r, out, r.numel(), BLOCK=block, INTERPRETING=INTERPRETING)
+    _sincos_kernel[(triton.cdiv(r.numel(), block),)](r.to(device), out, r.numel(), BLOCK=block,
+                                                     INTERPRETING=INTERPRETING)
+    out = out.cpu()
     sin, cos = torch.ops.ropewkv._host_sincos(r)
     assert torch.equal(out[: r.numel()].view(torch.int32), sin.view(torch.int32))
     assert torch.equal(out[r.numel():].view(torch.int32), cos.view(torch.int32))

@@ -6,7 +6,7 @@ import torch
 
 import ropewkv.ops.rwkv7 as ops
 from ropewkv.reference import rwkv7 as reference
-from ropewkv.testing import rms_ratio, seeded
+from ropewkv.testing import max_ulp_error, rms_ratio, seeded
 from ropewkv.testing import rwkv7 as parity
 from conftest import kernel_backends
 from test_wkv7 import check_inputs, shape_for
@@ -180,9 +180,18 @@ def test_step_precision_and_mixed_w_equal_one_token_of_wkv7(device, precision):
             y = ops.wkv7_step(*(x[:, 0] for x in xs), state, precision=precision, backend=backend)
             y1, s1 = ops.wkv7(*xs, initial_state=inputs["initial_state"], output_final_state=True,
                               precision=precision, backend=backend)
-            # The step and the sequence kernel do the same fp32 operations for one token.
-            torch.testing.assert_close(y, y1[:, 0], rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(state, s1, rtol=1e-6, atol=1e-6)
+            # The step and the sequence kernel do the same fp32 operations for one token, but not in the same order
+            # on a GPU (the CUDA decode kernel splits its dot products across lanes differently): a few fp32
+            # roundings apart, as test_wkv7.py::test_step_equals_one_token_and_updates_in_place bounds them (its
+            # element-wise rtol/atol 1e-6 failed on the H200). A y rounded to bf16/fp16 (bf16 I/O, or the bf16 mode)
+            # can then land one ulp of that type away where the fp32 value sits at a rounding boundary: rarely.
+            rounded_to = torch.bfloat16 if precision == "bf16" else y.dtype
+            if rounded_to == torch.float32:
+                assert rms_ratio(y, y1[:, 0]) < 1e-6, (backend, precision, "y")
+            else:
+                assert max_ulp_error(y.to(rounded_to), y1[:, 0]) <= 1, (backend, precision, "y")
+                assert float((y != y1[:, 0]).float().mean()) < 0.05, (backend, precision, "y")
+            assert rms_ratio(state, s1) < 1e-6, (backend, precision, "state")
 
 
 def test_step_bf16_mode_is_fp32_math_on_bf16_rounded_io(device):
