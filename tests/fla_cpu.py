@@ -35,6 +35,8 @@ import pytest
 import triton
 import triton.language as tl
 
+from ropewkv.testing import environment_variable
+
 SUPPORTED_VERSIONS = ("0.6.0",)
 
 
@@ -105,22 +107,13 @@ def _load() -> types.SimpleNamespace:
     return types.SimpleNamespace(ops=fla.ops.rwkv7, layers=fla.layers, models=fla.models, version=fla.__version__)
 
 
-@contextlib.contextmanager
 def _ieee_fp32_dots():
     """Compiled Triton makes an fp32 tl.dot without a stated precision a TF32 one (10-bit mantissa), and most of FLA's
     chunk_rwkv7 dots state none: on a GPU every operand would be rounded to 2^-11, while the tests' bounds on FLA's
     error (FLA_ERROR: 1e-6 for its default form; tests/test_patch_fla.py) are the 1.2e-7 .. 5.7e-5 measured under the
     interpreter, whose dots are IEEE fp32. TRITON_F32_DEFAULT=ieee (read when a kernel compiles, and part of Triton's
     cache key) gives FLA's kernels IEEE dots there too. ropewkv's fp32 dots state their precision (ieee) already."""
-    previous = os.environ.get("TRITON_F32_DEFAULT")
-    os.environ["TRITON_F32_DEFAULT"] = "ieee"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["TRITON_F32_DEFAULT"]
-        else:
-            os.environ["TRITON_F32_DEFAULT"] = previous
+    return environment_variable("TRITON_F32_DEFAULT", "ieee")
 
 
 @pytest.fixture(scope="session")

@@ -116,17 +116,22 @@ def assert_within(m: Measurement) -> None:
 
 
 @contextlib.contextmanager
-def poisoned_outputs():
-    """Every twin fills the outputs it allocates with NaN before its kernel writes them (ROPEWKV_POISON_OUTPUTS)."""
-    previous = os.environ.get("ROPEWKV_POISON_OUTPUTS")
-    os.environ["ROPEWKV_POISON_OUTPUTS"] = "1"
+def environment_variable(name: str, value: str):
+    """The environment variable `name` set to `value` inside the block, restored (or unset again) after it."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if previous is None:
-            del os.environ["ROPEWKV_POISON_OUTPUTS"]
+            del os.environ[name]
         else:
-            os.environ["ROPEWKV_POISON_OUTPUTS"] = previous
+            os.environ[name] = previous
+
+
+def poisoned_outputs():
+    """Every twin fills the outputs it allocates with NaN before its kernel writes them (ROPEWKV_POISON_OUTPUTS)."""
+    return environment_variable("ROPEWKV_POISON_OUTPUTS", "1")
 
 
 def run_backends(call: Callable[[str], object], device: torch.device,
