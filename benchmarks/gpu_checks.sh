@@ -54,9 +54,13 @@ for tool in memcheck racecheck initcheck synccheck; do
         tests/test_bad_input.py -k "(cuda and not past_2_31) or zero or empty or nan or inf"
 done
 
-# Each C++ guard alone in a fresh process (tools/diag_wkv7_cpp_guards.py), then the file under cuda-gdb (-batch: run,
-# and on a signal print the stack of every thread, then quit).
-run backtrace 120 "$LOG" bash -c "$PY tools/diag_wkv7_cpp_guards.py; cuda-gdb -batch -ex run \
+# The host's toolchain; each C++ guard alone in a fresh process, with and without _C_cuda loaded
+# (tools/diag_wkv7_cpp_guards.py); the file's CPU-twin tests and the guard test alone (clean there but not in the
+# whole file: earlier GPU tests leave something behind); then the file under cuda-gdb (-batch: run, and on a signal
+# print the stack of every thread, then quit).
+run backtrace 120 "$LOG" bash -c "$PY -VV; gcc --version | head -1; ldd --version | head -1; \
+    grep -m1 'model name' /proc/cpuinfo; $PY tools/diag_wkv7_cpp_guards.py; \
+    ${PYTEST[*]} -x tests/test_wkv7.py -k 'cpu_twin or errors or cpp_guards'; cuda-gdb -batch -ex run \
     -ex 'thread apply all bt 30' -ex 'info sharedlibrary' --args ${PYTEST[*]} -p no:faulthandler tests/test_wkv7.py"
 
 {
