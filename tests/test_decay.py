@@ -45,19 +45,21 @@ def test_triton_twin_is_bit_identical_to_the_cpu_twin(device, dtype):
     x = torch.cat([decay_parity.decay_input(20000, torch.float64, seeded(16)) * 3,
                    torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.5, -103.5])]).to(dtype)
     grad = torch.randn(x.shape, generator=seeded(17))
-    outputs = {}
-    for backend, on, x_in in (("cpu", "cpu", x), ("triton", device, x), ("cpu fp32 grad", "cpu", x.float())):
+
+    def forward_and_backward(backend, x_in, on):
         leaf = x_in.to(on).detach().requires_grad_()
-        out = ropewkv.rwkv7_log_decay(leaf, backend=backend.split()[0])
+        out = ropewkv.rwkv7_log_decay(leaf, backend=backend)
         out.backward(grad.to(on))
-        outputs[backend] = out.detach().cpu(), leaf.grad.cpu()
-    expected = outputs["cpu"]
+        return out.detach().cpu(), leaf.grad.cpu()
+
+    expected = forward_and_backward("cpu", x, "cpu")
+    triton_outputs = forward_and_backward("triton", x, device)
     checked = torch.ones(x.shape, dtype=torch.bool)
     if torch.device(device).type == "cpu" and dtype == torch.bfloat16:
-        grad32 = outputs["cpu fp32 grad"][1]
+        grad32 = forward_and_backward("cpu", x.float(), "cpu")[1]
         expected = expected[0], _truncated_to_bf16(grad32)
         checked = ~((grad32 != 0) & (grad32.abs() < torch.finfo(torch.float32).tiny))
-    for name, want, triton in zip(("forward", "backward"), expected, outputs["triton"]):
+    for name, want, triton in zip(("forward", "backward"), expected, triton_outputs):
         want, triton = want[checked], triton[checked]
         assert torch.equal(want.isnan(), triton.isnan()), name
         same = want.isnan() | (want == triton)
