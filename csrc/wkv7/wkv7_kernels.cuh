@@ -50,20 +50,6 @@ __device__ __forceinline__ float load_w(const w_t* w, int64_t idx) {
   return wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]);
 }
 
-// Thread i stages element i of token `idx`'s r, decay, k, a and b in shared memory for the whole block.
-template <Precision P, typename io_t, typename w_t>
-__device__ __forceinline__ void stage_token(int64_t idx, int i, Decay decay, const io_t* r, const w_t* w,
-                                            const io_t* k, const io_t* a, const io_t* b, float* r_, float* d_,
-                                            float* k_, float* a_, float* b_) {
-  __syncthreads();  // the previous token's readers are done
-  r_[i] = wkv7::load<P>(r[idx]);
-  d_[i] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
-  k_[i] = wkv7::load<P>(k[idx]);
-  a_[i] = wkv7::load<P>(a[idx]);
-  b_[i] = wkv7::load<P>(b[idx]);
-  __syncthreads();
-}
-
 // wkv7::step_row with its two N-term sums (sa_i = a . S_i and y_i = r . S_i) split into kParts independent FMA
 // chains of N / kParts, added pairwise at the end: one thread's consecutive FMAs then do not wait on each other
 // (a chain of N dependent FMAs is 4N cycles). Returns y_i; sa_i through `sa`.
@@ -139,36 +125,78 @@ __global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
   for (int j = 0; j < N; ++j) p.final_state[(t.task * N + i) * int64_t(N) + j] = row[j];
 }
 
-// Thread i's row of S into a row-major N x N slot, as 16-byte stores.
-template <int N>
-__device__ __forceinline__ void store_row(float* state, int i, const float* row) {
-  float4* out = reinterpret_cast<float4*>(state + i * N);
+// The sum of x over the row's L lanes, left in each of them (wkv7::butterfly_sum is its host replay).
+template <int L>
+__device__ __forceinline__ float lane_sum(float x) {
 #pragma unroll
-  for (int j = 0; j < N; j += 4) out[j / 4] = float4{row[j], row[j + 1], row[j + 2], row[j + 3]};
+  for (int m = L / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
 }
 
-// sum_j S[j][i] x[j] for column i of a row-major N x N state: the lanes of a warp read consecutive floats. The
-// terms in wkv7::dot's order. x in registers needs the full unroll; x in shared memory takes kUnroll = 16, which keeps
-// 16 loads in flight and fewer registers (with the full unroll the N = 64 backward spilled 164-244 B at the cap).
-template <int N, int kUnroll = N>
-__device__ __forceinline__ float column_dot(const float* column, const float* x) {
+// The backward's thread map: kLanes threads per state row, thread (i, p) = threadIdx.x = i * kLanes + p. Lane p owns
+// kCols of the N columns, the quads p, p + L, p + 2L, ... (4 adjacent columns each), of row i of S and G and, as
+// rows of the transposed copy, of column i of G; every sum over columns is kLanes partial sums added by shuffles.
+// Splitting a row keeps each thread's two copies of G (2 x kCols floats) in registers with room to spare, and puts
+// kLanes times more warps on a scheduler to overlap one warp's scratch loads with another's dependent sums (with a
+// thread per row, the N = 64 backward sat at 255 registers with 2 warps per scheduler, and N = 128 spilled ~1.8 KB).
+template <int N>
+struct BackwardLanes {
+  static constexpr int kLanes = N / 16;
+  static constexpr int kThreads = N * kLanes;
+  static constexpr int kCols = N / kLanes;
+  static_assert(kCols % 4 == 0 && kThreads % 32 == 0);
+  // Lane p's m-th column: the row's kLanes lanes store adjacent 16-byte quads.
+  __device__ __forceinline__ static int col(int p, int m) { return 4 * ((m / 4) * kLanes + p) + m % 4; }
+};
+
+// Lane p's columns of row i of S, as 16-byte stores into a row-major N x N slot.
+template <int N>
+__device__ __forceinline__ void store_row(float* state, int i, int p, const float* row) {
+  using Lanes = BackwardLanes<N>;
+#pragma unroll
+  for (int m = 0; m < Lanes::kCols; m += 4) {
+    *reinterpret_cast<float4*>(state + i * N + Lanes::col(p, m)) = float4{row[m], row[m + 1], row[m + 2], row[m + 3]};
+  }
+}
+
+// sum_j x_j y_j over all N columns j, where lane p holds x at its columns (x[m] = x_{col(p, m)}) and y is a full
+// vector (in shared memory, or column i of a row-major state read with stride N: the lanes of a warp then read
+// consecutive floats).
+template <int N, int kStride = 1>
+__device__ __forceinline__ float row_dot(const float* x, const float* y, int p) {
+  using Lanes = BackwardLanes<N>;
   float sum = 0.f;
-#pragma unroll kUnroll
-  for (int j = 0; j < N; ++j) sum += column[j * N] * x[j];
-  return sum;
+#pragma unroll
+  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(x[m], y[Lanes::col(p, m) * kStride], sum);
+  return lane_sum<Lanes::kLanes>(sum);
 }
 
-// The backward: per chunk of kCheckpointEvery tokens (latest first), recompute its states from the checkpoint in
-// row layout into the block's scratch, then run the adjoint steps. Thread i keeps row i of G (for dv, dsa) and
-// column i of G (for dk, db, dd), as RWKV-LM does, so that every sum is a per-thread loop. The scratch is row-major:
-// the recompute writes one row per thread per token (16-byte stores), the adjoint reads three columns per token,
-// coalesced. (Transposed, as before the H100 run of 2026-11-26, each column read had the lanes 4 N bytes apart, one
-// 32-byte L2 sector per 4-byte load: ~0.8 TB of L2 traffic at B8 T4096 H64 N64, 124 ms measured.)
+// sum_j S[j][i] y_j for column i of a row-major state (column = state + i) and a full vector y in shared memory.
+template <int N>
+__device__ __forceinline__ float column_dot(const float* column, const float* y, int p) {
+  using Lanes = BackwardLanes<N>;
+  float sum = 0.f;
+#pragma unroll 16
+  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(column[Lanes::col(p, m) * N], y[Lanes::col(p, m)], sum);
+  return lane_sum<Lanes::kLanes>(sum);
+}
+
+// The backward: per chunk of kCheckpointEvery tokens (latest first), recompute its states from the checkpoint into
+// the block's scratch, then run the adjoint steps. Thread (i, p) keeps its columns (BackwardLanes) of row i of G (for
+// dv, dsa) and of column i of G (for dk, db, dd), as RWKV-LM keeps whole ones, so that every sum is a per-thread
+// loop plus kLanes - 1 shuffles. The scratch is row-major: the recompute stores rows (each row's lanes adjacent
+// 16-byte quads), the adjoint reads three columns per token, coalesced. (Transposed, as before the H100 run of
+// 2026-11-26, each column read had the lanes 4 N bytes apart, one 32-byte L2 sector per 4-byte load: ~0.8 TB of L2
+// traffic at B8 T4096 H64 N64, 124 ms measured.) Lane 0 of row i stages element i of each token's inputs in shared
+// memory and stores element i of the gradients.
 template <int N, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p) {
+__global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(const Wkv7BackwardParams p) {
+  using Lanes = BackwardLanes<N>;
+  constexpr int kCols = Lanes::kCols;
   const Task t = task_of(p.size);
   const Decay decay = static_cast<Decay>(p.size.decay);
-  const int i = threadIdx.x;
+  const int i = threadIdx.x / Lanes::kLanes, lane = threadIdx.x % Lanes::kLanes;
+  const bool stager = lane == 0;
   constexpr int64_t kNN = int64_t(N) * N;
   const io_t* r = static_cast<const io_t*>(p.r);
   const w_t* w = static_cast<const w_t*>(p.w);
@@ -179,75 +207,106 @@ __global__ void __launch_bounds__(N) backward_kernel(const Wkv7BackwardParams p)
   w_t* gw = static_cast<w_t*>(p.grad_w);
   io_t *gk = static_cast<io_t*>(p.grad_k), *gv = static_cast<io_t*>(p.grad_v);
   io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
-  __shared__ float r_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
-  __shared__ float sa_[kCheckpointEvery][N];
+  __shared__ __align__(16) float r_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
+  __shared__ __align__(16) float sa_[kCheckpointEvery][N];
   float* states = p.scratch + t.task * (kCheckpointEvery + 1) * kNN;  // states[l][i][j] = S_{q+l-1}[i][j]
-  float g_row[N], g_col[N];
+  float g_row[kCols], g_col[kCols];  // G[i][col(lane, m)] and G[col(lane, m)][i]
   const float* gs = p.grad_final_state ? p.grad_final_state + t.task * kNN : nullptr;
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    g_row[j] = gs ? gs[i * N + j] : 0.f;
-    g_col[j] = gs ? gs[j * N + i] : 0.f;
+  for (int m = 0; m < kCols; ++m) {
+    const int j = Lanes::col(lane, m);
+    g_row[m] = gs ? gs[i * N + j] : 0.f;
+    g_col[m] = gs ? gs[j * N + i] : 0.f;
   }
   for (int64_t chunk_end = t.end; chunk_end > t.start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, t.start);
     const int len = int(chunk_end - q);
     {
-      float row[N];
-      if (q == t.start) {
-        load_initial_row<N>(p.initial_state, t, i, row);
-      } else {
-        const float* slot = checkpoint_slot<N>(const_cast<float*>(p.checkpoints), p.size, t, q);
+      float row[kCols];
+      // The chunk's first state: the checkpoint (stored transposed) or the initial state.
+      const float* first = q > t.start ? checkpoint_slot<N>(const_cast<float*>(p.checkpoints), p.size, t, q)
+                                       : p.initial_state;
 #pragma unroll
-        for (int j = 0; j < N; ++j) row[j] = slot[j * N + i];
+      for (int m = 0; m < kCols; ++m) {
+        const int j = Lanes::col(lane, m);
+        row[m] = q > t.start ? first[j * N + i] : first ? first[(t.task * N + i) * int64_t(N) + j] : 0.f;
       }
       __syncthreads();  // the previous chunk's readers of states and sa_ are done
-      store_row<N>(states, i, row);
+      store_row<N>(states, i, lane, row);
       for (int l = 0; l < len; ++l) {
         const int64_t idx = token_index(p.size, t, q + l, N) + i;
-        stage_token<P>(idx, i, decay, r, w, k, a, b, r_, d_, k_, a_, b_);
-        wkv7::step_row(row, N, r_, d_, k_, a_, b_, wkv7::load<P>(v[idx]), sa_[l][i]);
-        store_row<N>(states + (l + 1) * kNN, i, row);
+        __syncthreads();  // the previous token's readers are done
+        if (stager) {
+          a_[i] = wkv7::load<P>(a[idx]);
+          b_[i] = wkv7::load<P>(b[idx]);
+          k_[i] = wkv7::load<P>(k[idx]);
+          v_[i] = wkv7::load<P>(v[idx]);
+          d_[i] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
+        }
+        __syncthreads();
+        const float sa = row_dot<N>(row, a_, lane);
+        const float v_i = v_[i];
+#pragma unroll
+        for (int m = 0; m < kCols; ++m) {
+          const int j = Lanes::col(lane, m);
+          row[m] = fmaf(v_i, k_[j], fmaf(sa, b_[j], row[m] * d_[j]));
+        }
+        if (stager) sa_[l][i] = sa;
+        store_row<N>(states + (l + 1) * kNN, i, lane, row);
       }
     }
     for (int l = len - 1; l >= 0; --l) {
       const int64_t idx = token_index(p.size, t, q + l, N) + i;
-      const float w_i = load_w<P, io_t>(w, idx);
-      const float d_i = wkv7::decay_of(w_i, decay);
+      float w_i = 0.f;
       __syncthreads();  // the recompute's (or the previous step's) readers are done; its writes are visible
-      r_[i] = wkv7::load<P>(r[idx]);
-      d_[i] = d_i;
-      k_[i] = wkv7::load<P>(k[idx]);
-      v_[i] = wkv7::load<P>(v[idx]);
-      a_[i] = wkv7::load<P>(a[idx]);
-      b_[i] = wkv7::load<P>(b[idx]);
-      dy_[i] = wkv7::load<P>(gy[idx]);
+      if (stager) {
+        w_i = load_w<P, io_t>(w, idx);
+        d_[i] = wkv7::decay_of(w_i, decay);
+        r_[i] = wkv7::load<P>(r[idx]);
+        k_[i] = wkv7::load<P>(k[idx]);
+        v_[i] = wkv7::load<P>(v[idx]);
+        a_[i] = wkv7::load<P>(a[idx]);
+        b_[i] = wkv7::load<P>(b[idx]);
+        dy_[i] = wkv7::load<P>(gy[idx]);
+      }
       __syncthreads();
       const float* prev_col = states + l * kNN + i;       // S_{t-1}[j][i] = prev_col[j * N]
       const float* cur_col = states + (l + 1) * kNN + i;  // S_t[j][i]
-      float dv_i, dsa_i;
-      wkv7::adjoint_row_output(g_row, N, dy_[i], r_, k_, b_, dv_i, dsa_i);
-      wkv7::adjoint_col_output(g_col, N, dy_, r_[i]);
-      const float dr_i = column_dot<N, 16>(cur_col, dy_);
-      const float dk_i = wkv7::dot(g_col, v_, N);
-      const float db_i = wkv7::dot(g_col, sa_[l], N);
-      const float dd_i = column_dot<N>(prev_col, g_col);
-      dsa_[i] = dsa_i;
+      const float dy_i = dy_[i], r_i = r_[i], d_i = d_[i], a_i = a_[i];
+#pragma unroll
+      for (int m = 0; m < kCols; ++m) {
+        const int j = Lanes::col(lane, m);
+        g_row[m] = fmaf(dy_i, r_[j], g_row[m]);  // G += dy r^T: y_t's part of dL/dS_t
+        g_col[m] = fmaf(dy_[j], r_i, g_col[m]);
+      }
+      const float dv_i = row_dot<N>(g_row, k_, lane);
+      const float dsa_i = row_dot<N>(g_row, b_, lane);
+      const float dk_i = row_dot<N>(g_col, v_, lane);
+      const float db_i = row_dot<N>(g_col, sa_[l], lane);
+      const float dd_i = row_dot<N, N>(g_col, prev_col, lane);
+      const float dr_i = column_dot<N>(cur_col, dy_, lane);
+      if (stager) dsa_[i] = dsa_i;
       __syncthreads();
-      const float da_i = column_dot<N, 16>(prev_col, dsa_);
-      wkv7::adjoint_row_propagate(g_row, N, d_, dsa_i, a_);
-      wkv7::adjoint_col_propagate(g_col, N, d_i, dsa_, a_[i]);
-      gr[idx] = wkv7::store<io_t, P>(dr_i);
-      gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
-      gk[idx] = wkv7::store<io_t, P>(dk_i);
-      gv[idx] = wkv7::store<io_t, P>(dv_i);
-      ga[idx] = wkv7::store<io_t, P>(da_i);
-      gb[idx] = wkv7::store<io_t, P>(db_i);
+      const float da_i = column_dot<N>(prev_col, dsa_, lane);
+#pragma unroll
+      for (int m = 0; m < kCols; ++m) {  // G becomes dL/dS_{t-1} = G diag(d) + dsa a^T
+        const int j = Lanes::col(lane, m);
+        g_row[m] = fmaf(dsa_i, a_[j], g_row[m] * d_[j]);
+        g_col[m] = fmaf(dsa_[j], a_i, g_col[m] * d_i);
+      }
+      if (stager) {
+        gr[idx] = wkv7::store<io_t, P>(dr_i);
+        gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
+        gk[idx] = wkv7::store<io_t, P>(dk_i);
+        gv[idx] = wkv7::store<io_t, P>(dv_i);
+        ga[idx] = wkv7::store<io_t, P>(da_i);
+        gb[idx] = wkv7::store<io_t, P>(db_i);
+      }
     }
     chunk_end = q;
   }
 #pragma unroll
-  for (int j = 0; j < N; ++j) p.grad_initial_state[t.task * kNN + int64_t(i) * N + j] = g_row[j];
+  for (int m = 0; m < kCols; ++m) p.grad_initial_state[t.task * kNN + int64_t(i) * N + Lanes::col(lane, m)] = g_row[m];
 }
 
 // 4 consecutive I/O values (one 16-, 8- or 16-byte load for fp32, fp16/bf16), widened; p aligned to 4 values.
@@ -259,14 +318,6 @@ __device__ __forceinline__ void load4(const T* p, float* out) {
   const Pack pack = *reinterpret_cast<const Pack*>(p);
 #pragma unroll
   for (int q = 0; q < 4; ++q) out[q] = wkv7::load<P>(pack.x[q]);
-}
-
-// The sum of x over the row's L lanes, left in each of them (wkv7::butterfly_sum is its host replay).
-template <int L>
-__device__ __forceinline__ float lane_sum(float x) {
-#pragma unroll
-  for (int m = L / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
 }
 
 // The decode step: one token, the state read and written in place with the lane map of wkv7::StepLanes (16-byte,

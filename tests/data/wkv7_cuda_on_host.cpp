@@ -24,7 +24,7 @@ void run_kernels(const host_cuda::Wkv7Case& c, const Wkv7ForwardParams& fwd, con
   const dim3 grid(unsigned(c.n_seqs * c.heads));
   host_cuda::dispatch_wkv7(c, [&]<typename io_t, typename w_t, Precision P>() {
     host_cuda::run_grid(grid, dim3(N), [&] { wkv7_detail::forward_kernel<N, io_t, w_t, P>(fwd); });
-    host_cuda::run_grid(grid, dim3(N), [&] { wkv7_detail::backward_kernel<N, io_t, w_t, P>(bwd); });
+    host_cuda::run_grid(grid, dim3(wkv7_detail::BackwardLanes<N>::kThreads), [&] { wkv7_detail::backward_kernel<N, io_t, w_t, P>(bwd); });
   });
 }
 
