@@ -59,11 +59,13 @@ WKV7_IO = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 WKV7_CONFIGS = [(torch.float32, False, "fp32"), (torch.float32, False, "bf16"), (torch.bfloat16, False, "fp32"),
                 (torch.bfloat16, True, "bf16"), (torch.float16, True, "fp32")]
 # Shapes of what a kernel handles per chunk: T not a multiple of 16, cu_seqlens with odd lengths (a 1-token sequence,
-# sequences starting and ending inside a chunk), an initial state or none, N = 32 and 64.
+# sequences starting and ending inside a chunk), an initial state or none, N = 32, 64 and 128 (the sequential
+# backward's sub-chunks: 8 tokens below N = 128, 4 at 128).
 WKV7_CASES = [
     dict(name="batch_n64_t37_state", n=64, batch=2, seqlen=37, heads=2, cu=None, initial_state=True),
     dict(name="varlen_n32_state", n=32, batch=1, seqlen=53, heads=2, cu=[0, 5, 6, 21, 40, 53], initial_state=True),
     dict(name="varlen_n64", n=64, batch=1, seqlen=35, heads=1, cu=[0, 19, 35], initial_state=False),
+    dict(name="n128_t21_state", n=128, batch=1, seqlen=21, heads=1, cu=None, initial_state=True),
 ]
 UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 

@@ -181,10 +181,12 @@ __device__ __forceinline__ float column_dot(const float* column, const float* y,
   return lane_sum<Lanes::kLanes>(sum);
 }
 
-// The backward: per chunk of kCheckpointEvery tokens (latest first), recompute its states from the checkpoint into
-// the block's scratch, then run the adjoint steps. Thread (i, p) keeps its columns (BackwardLanes) of row i of G (for
-// dv, dsa) and of column i of G (for dk, db, dd), as RWKV-LM keeps whole ones, so that every sum is a per-thread
-// loop plus kLanes - 1 shuffles. The scratch is row-major: the recompute stores rows (each row's lanes adjacent
+// The backward: per chunk of kCheckpointEvery tokens (latest first), per sub-chunk of kSubChunk tokens in it (latest
+// first: wkv7_backward_sub_chunk), recompute the chunk from its checkpoint up to the sub-chunk's end, keeping the
+// sub-chunk's states in the block's scratch, then run the sub-chunk's adjoint steps (1.5 recompute steps per token
+// at kSubChunk = 8, against 1 with whole chunks: the price of a scratch that stays in L2). Thread (i, p) keeps its
+// columns (BackwardLanes) of row i of G (for dv, dsa) and of column i of G (for dk, db, dd), as RWKV-LM keeps whole
+// ones, so that every sum is a per-thread loop plus kLanes - 1 shuffles. The scratch is row-major: the recompute stores rows (each row's lanes adjacent
 // 16-byte quads), the adjoint reads three columns per token, coalesced. (Transposed, as before the H100 run of
 // 2026-11-26, each column read had the lanes 4 N bytes apart, one 32-byte L2 sector per 4-byte load: ~0.8 TB of L2
 // traffic at B8 T4096 H64 N64, 124 ms measured.) Lane 0 of row i stages element i of each token's inputs in shared
@@ -208,8 +210,9 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(co
   io_t *gk = static_cast<io_t*>(p.grad_k), *gv = static_cast<io_t*>(p.grad_v);
   io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
   __shared__ __align__(16) float r_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
-  __shared__ __align__(16) float sa_[kCheckpointEvery][N];
-  float* states = p.scratch + t.task * (kCheckpointEvery + 1) * kNN;  // states[l][i][j] = S_{q+l-1}[i][j]
+  constexpr int kSubChunk = wkv7_backward_sub_chunk(N);
+  __shared__ __align__(16) float sa_[kSubChunk][N];
+  float* states = p.scratch + t.task * (kSubChunk + 1) * kNN;  // states[l][i][j] = S_{q+sub+l-1}[i][j]
   float g_row[kCols], g_col[kCols];  // G[i][col(lane, m)] and G[col(lane, m)][i]
   const float* gs = p.grad_final_state ? p.grad_final_state + t.task * kNN : nullptr;
 #pragma unroll
@@ -221,87 +224,91 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(co
   for (int64_t chunk_end = t.end; chunk_end > t.start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, t.start);
     const int len = int(chunk_end - q);
-    {
-      float row[kCols];
-      // The chunk's first state: the checkpoint (stored transposed) or the initial state.
-      const float* first = q > t.start ? checkpoint_slot<N>(const_cast<float*>(p.checkpoints), p.size, t, q)
-                                       : p.initial_state;
-#pragma unroll
-      for (int m = 0; m < kCols; ++m) {
-        const int j = Lanes::col(lane, m);
-        row[m] = q > t.start ? first[j * N + i] : first ? first[(t.task * N + i) * int64_t(N) + j] : 0.f;
-      }
-      __syncthreads();  // the previous chunk's readers of states and sa_ are done
-      store_row<N>(states, i, lane, row);
-      for (int l = 0; l < len; ++l) {
-        const int64_t idx = token_index(p.size, t, q + l, N) + i;
-        __syncthreads();  // the previous token's readers are done
-        if (stager) {
-          a_[i] = wkv7::load<P>(a[idx]);
-          b_[i] = wkv7::load<P>(b[idx]);
-          k_[i] = wkv7::load<P>(k[idx]);
-          v_[i] = wkv7::load<P>(v[idx]);
-          d_[i] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
-        }
-        __syncthreads();
-        const float sa = row_dot<N>(row, a_, lane);
-        const float v_i = v_[i];
+    for (int sub_end = len; sub_end > 0;) {
+      const int sub = (sub_end - 1) / kSubChunk * kSubChunk;  // the sub-chunk: tokens [q + sub, q + sub_end)
+      {
+        float row[kCols];
+        // The chunk's first state: the checkpoint (stored transposed) or the initial state.
+        const float* first = q > t.start ? checkpoint_slot<N>(const_cast<float*>(p.checkpoints), p.size, t, q)
+                                         : p.initial_state;
 #pragma unroll
         for (int m = 0; m < kCols; ++m) {
           const int j = Lanes::col(lane, m);
-          row[m] = fmaf(v_i, k_[j], fmaf(sa, b_[j], row[m] * d_[j]));
+          row[m] = q > t.start ? first[j * N + i] : first ? first[(t.task * N + i) * int64_t(N) + j] : 0.f;
         }
-        if (stager) sa_[l][i] = sa;
-        store_row<N>(states + (l + 1) * kNN, i, lane, row);
-      }
-    }
-    for (int l = len - 1; l >= 0; --l) {
-      const int64_t idx = token_index(p.size, t, q + l, N) + i;
-      float w_i = 0.f;
-      __syncthreads();  // the recompute's (or the previous step's) readers are done; its writes are visible
-      if (stager) {
-        w_i = load_w<P, io_t>(w, idx);
-        d_[i] = wkv7::decay_of(w_i, decay);
-        r_[i] = wkv7::load<P>(r[idx]);
-        k_[i] = wkv7::load<P>(k[idx]);
-        v_[i] = wkv7::load<P>(v[idx]);
-        a_[i] = wkv7::load<P>(a[idx]);
-        b_[i] = wkv7::load<P>(b[idx]);
-        dy_[i] = wkv7::load<P>(gy[idx]);
-      }
-      __syncthreads();
-      const float* prev_col = states + l * kNN + i;       // S_{t-1}[j][i] = prev_col[j * N]
-      const float* cur_col = states + (l + 1) * kNN + i;  // S_t[j][i]
-      const float dy_i = dy_[i], r_i = r_[i], d_i = d_[i], a_i = a_[i];
+        __syncthreads();  // the previous sub-chunk's readers of states and sa_ are done
+        if (sub == 0) store_row<N>(states, i, lane, row);
+        for (int l = 0; l < sub_end; ++l) {
+          const int64_t idx = token_index(p.size, t, q + l, N) + i;
+          __syncthreads();  // the previous token's readers are done
+          if (stager) {
+            a_[i] = wkv7::load<P>(a[idx]);
+            b_[i] = wkv7::load<P>(b[idx]);
+            k_[i] = wkv7::load<P>(k[idx]);
+            v_[i] = wkv7::load<P>(v[idx]);
+            d_[i] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
+          }
+          __syncthreads();
+          const float sa = row_dot<N>(row, a_, lane);
+          const float v_i = v_[i];
 #pragma unroll
-      for (int m = 0; m < kCols; ++m) {
-        const int j = Lanes::col(lane, m);
-        g_row[m] = fmaf(dy_i, r_[j], g_row[m]);  // G += dy r^T: y_t's part of dL/dS_t
-        g_col[m] = fmaf(dy_[j], r_i, g_col[m]);
+          for (int m = 0; m < kCols; ++m) {
+            const int j = Lanes::col(lane, m);
+            row[m] = fmaf(v_i, k_[j], fmaf(sa, b_[j], row[m] * d_[j]));
+          }
+          if (stager && l >= sub) sa_[l - sub][i] = sa;
+          if (l + 1 >= sub) store_row<N>(states + (l + 1 - sub) * kNN, i, lane, row);
+        }
       }
-      const float dv_i = row_dot<N>(g_row, k_, lane);
-      const float dsa_i = row_dot<N>(g_row, b_, lane);
-      const float dk_i = row_dot<N>(g_col, v_, lane);
-      const float db_i = row_dot<N>(g_col, sa_[l], lane);
-      const float dd_i = row_dot<N, N>(g_col, prev_col, lane);
-      const float dr_i = column_dot<N>(cur_col, dy_, lane);
-      if (stager) dsa_[i] = dsa_i;
-      __syncthreads();
-      const float da_i = column_dot<N>(prev_col, dsa_, lane);
+      for (int l = sub_end - 1; l >= sub; --l) {
+        const int64_t idx = token_index(p.size, t, q + l, N) + i;
+        float w_i = 0.f;
+        __syncthreads();  // the recompute's (or the previous step's) readers are done; its writes are visible
+        if (stager) {
+          w_i = load_w<P, io_t>(w, idx);
+          d_[i] = wkv7::decay_of(w_i, decay);
+          r_[i] = wkv7::load<P>(r[idx]);
+          k_[i] = wkv7::load<P>(k[idx]);
+          v_[i] = wkv7::load<P>(v[idx]);
+          a_[i] = wkv7::load<P>(a[idx]);
+          b_[i] = wkv7::load<P>(b[idx]);
+          dy_[i] = wkv7::load<P>(gy[idx]);
+        }
+        __syncthreads();
+        const float* prev_col = states + (l - sub) * kNN + i;  // S_{t-1}[j][i] = prev_col[j * N]
+        const float* cur_col = prev_col + kNN;                 // S_t[j][i]
+        const float dy_i = dy_[i], r_i = r_[i], d_i = d_[i], a_i = a_[i];
 #pragma unroll
-      for (int m = 0; m < kCols; ++m) {  // G becomes dL/dS_{t-1} = G diag(d) + dsa a^T
-        const int j = Lanes::col(lane, m);
-        g_row[m] = fmaf(dsa_i, a_[j], g_row[m] * d_[j]);
-        g_col[m] = fmaf(dsa_[j], a_i, g_col[m] * d_i);
+        for (int m = 0; m < kCols; ++m) {
+          const int j = Lanes::col(lane, m);
+          g_row[m] = fmaf(dy_i, r_[j], g_row[m]);  // G += dy r^T: y_t's part of dL/dS_t
+          g_col[m] = fmaf(dy_[j], r_i, g_col[m]);
+        }
+        const float dv_i = row_dot<N>(g_row, k_, lane);
+        const float dsa_i = row_dot<N>(g_row, b_, lane);
+        const float dk_i = row_dot<N>(g_col, v_, lane);
+        const float db_i = row_dot<N>(g_col, sa_[l - sub], lane);
+        const float dd_i = row_dot<N, N>(g_col, prev_col, lane);
+        const float dr_i = column_dot<N>(cur_col, dy_, lane);
+        if (stager) dsa_[i] = dsa_i;
+        __syncthreads();
+        const float da_i = column_dot<N>(prev_col, dsa_, lane);
+#pragma unroll
+        for (int m = 0; m < kCols; ++m) {  // G becomes dL/dS_{t-1} = G diag(d) + dsa a^T
+          const int j = Lanes::col(lane, m);
+          g_row[m] = fmaf(dsa_i, a_[j], g_row[m] * d_[j]);
+          g_col[m] = fmaf(dsa_[j], a_i, g_col[m] * d_i);
+        }
+        if (stager) {
+          gr[idx] = wkv7::store<io_t, P>(dr_i);
+          gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
+          gk[idx] = wkv7::store<io_t, P>(dk_i);
+          gv[idx] = wkv7::store<io_t, P>(dv_i);
+          ga[idx] = wkv7::store<io_t, P>(da_i);
+          gb[idx] = wkv7::store<io_t, P>(db_i);
+        }
       }
-      if (stager) {
-        gr[idx] = wkv7::store<io_t, P>(dr_i);
-        gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
-        gk[idx] = wkv7::store<io_t, P>(dk_i);
-        gv[idx] = wkv7::store<io_t, P>(dv_i);
-        ga[idx] = wkv7::store<io_t, P>(da_i);
-        gb[idx] = wkv7::store<io_t, P>(db_i);
-      }
+      sub_end = sub;
     }
     chunk_end = q;
   }

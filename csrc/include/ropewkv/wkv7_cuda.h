@@ -35,7 +35,7 @@ struct Wkv7BackwardParams {
   const void* grad_y;             // I/O dtype
   const float* grad_final_state;  // or nullptr (zero cotangent)
   const float* checkpoints;
-  float* scratch;  // wkv7_backward_scratch_elems floats: the recomputed states of one chunk per (sequence, head)
+  float* scratch;  // wkv7_backward_scratch_elems floats: the recomputed states of one sub-chunk per (sequence, head)
   void *grad_r, *grad_w, *grad_k, *grad_v, *grad_a, *grad_b;  // grad_w in w's dtype
   float* grad_initial_state;
 };
@@ -48,8 +48,13 @@ struct Wkv7StepParams {
   void* y;
 };
 
+// The backward recomputes each checkpoint chunk in sub-chunks of this many tokens (latest first, each from the
+// chunk's checkpoint), keeping only a sub-chunk's states in its scratch: small enough that the scratch of every
+// block resident on the GPU stays in the H100's 50 MB L2 (csrc/wkv7/wkv7_kernels.cuh, backward_kernel).
+constexpr int wkv7_backward_sub_chunk(int head_size) { return head_size >= 128 ? 4 : 8; }
+
 inline int64_t wkv7_backward_scratch_elems(int64_t n_seqs, int64_t heads, int64_t head_size) {
-  return n_seqs * heads * (wkv7::kCheckpointEvery + 1) * head_size * head_size;
+  return n_seqs * heads * (wkv7_backward_sub_chunk(int(head_size)) + 1) * head_size * head_size;
 }
 
 // Each returns the launch status. Instantiated for N = 32, 64, 128 (a thread owns a state row: at 256 it would

@@ -84,7 +84,8 @@ template <typename Run>
 void dispatch_head_size(const Wkv7Case& c, Run&& run) {
   if (c.n == 32) return run.template operator()<32>();
   if (c.n == 64) return run.template operator()<64>();
-  std::fprintf(stderr, "head size %d: the drivers run 32 and 64\n", c.n);
+  if (c.n == 128) return run.template operator()<128>();
+  std::fprintf(stderr, "head size %d: the drivers run 32, 64 and 128\n", c.n);
   std::exit(2);
 }
 
