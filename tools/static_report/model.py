@@ -4,7 +4,9 @@ The model (stated in the report too):
 - Memory: bytes / 3.0 TB/s, the copy rate measured on the lent H100 (read + write counted). Bytes: the floor (each
   input read once, each output written once, plus the fp32 state checkpoints the WKV7 forward writes and the
   backward reads, one per 16 tokens), plus twice any scratch the SASS stores beyond the outputs (written once, read
-  back once; at these shapes it outgrows the 50 MB L2). Loads that lanes repeat are assumed served by L1/L2.
+  back once; at these shapes it outgrows the 50 MB L2), unless the scratch that the resident blocks keep live fits
+  the L2 (Workload.cuda_scratch_per_block: the CUDA WKV7 backward's sub-chunk states). Loads that lanes repeat are
+  assumed served by L1/L2.
 - Issue: thread instructions / 32 lanes / (132 SMs x 4 schedulers x 1 warp-instruction per cycle x 1.755 GHz),
   i.e. every instruction costs one issue slot (no dual issue, no stalls beyond the rate).
 - Per-thread instructions. Streaming kernels (RoPE, decode step): the kernel's work path (entry to exit, every
@@ -12,9 +14,11 @@ The model (stated in the report too):
   the sincos range reduction are not taken) plus as many more iterations of the hot loop as the thread's share of
   the output needs. Sequential kernels (WKV7 forward/backward): per token, one iteration of every token loop
   (the forward's token loop, the backward's recompute and adjoint loops; loops nested in them taken as many times
-  as they run per token, Workload.inner_trips: the CUDA adjoint's column dots), on its lean
-  path (the forward's every-16th-token checkpoint store left out; its bytes are in the floor); the once-per-chunk and
-  once-per-sequence code is not counted.
+  as they run per token, Workload.inner_trips), on its lean path (the forward's every-16th-token checkpoint store
+  left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The CUDA
+  backward names its token loops' trips per token instead (Workload.cuda_token_loops): its recompute loop runs 1.5
+  (2.5 at N = 128) times per token, storing a state on (k + 1) / k of them (sub-chunks of k tokens), and its adjoint
+  loop once, on its work path (lane 0's staging and gradient stores: every warp issues them).
 - Sequential kernels are a dependent chain per token: a block cannot start token t+1 before token t. Occupancy
   (registers, shared memory, threads, 32 blocks per SM) gives the blocks resident per SM, hence w warps per
   scheduler. Per token a scheduler issues the I instructions of each of its w warps: >= w * I cycles (ILP enough to
@@ -49,6 +53,7 @@ SHARED_PER_BLOCK_RESERVED = 1024
 FMA_LATENCY = 4
 DRAM_LATENCY = 600          # cycles
 CHECKPOINT_EVERY = 16       # tokens between the WKV7 forward's fp32 state checkpoints (csrc/include/ropewkv/wkv7.h)
+L2_BYTES = 50 * 2 ** 20
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class Workload:
     cuda_blocks: int = 0    # CUDA blocks where its grid differs from Triton's (0: blocks)
     chunk: int = 0          # > 0: the recurrence steps this many tokens per iteration of the kernel's outer loop
     inner_trips: int = 0    # iterations per chunk (chunked) or per token (sequential) of each loop nested in that loop
+    cuda_token_loops: tuple = ()  # CUDA, sequential: per innermost loop (address order), (work, lean) trips per token
+    cuda_scratch_per_block: int = 0  # CUDA: scratch bytes a block keeps live (L2-resident if all resident blocks' fit)
 
 
 def _rope() -> Workload:
@@ -82,6 +89,9 @@ def _rope() -> Workload:
 
 
 def _wkv7(backward: bool, heads: int, n: int) -> Workload:
+    """The sequential WKV7 kernels. The CUDA backward (csrc/wkv7/wkv7_kernels.cuh) runs n / 16 lanes per state row
+    (BackwardLanes) and recomputes each 16-token chunk in sub-chunks of k = 8 tokens (4 at n = 128:
+    wkv7_backward_sub_chunk), keeping k + 1 states per block."""
     b, t = 8, 4096
     tensor = b * t * heads * n * 2  # one bf16 [B, T, H, N]
     checkpoints = t // CHECKPOINT_EVERY * b * heads * n * n * 4
@@ -91,10 +101,14 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     else:  # r w k v a b in; y, the checkpoints and the final state out
         read, written = 6 * tensor, tensor + checkpoints + state
     direction = "bwd" if backward else "fwd"
+    sub = 4 if n >= 128 else 8
+    recompute = sum(range(sub, CHECKPOINT_EVERY + 1, sub)) / CHECKPOINT_EVERY  # iterations per token
+    storing = (sub + 1) / sub
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
                     b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
-                    cuda_threads=n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
-                    inner_trips=n // 16 if backward else 0)  # the CUDA adjoint's column dots: loops unrolled by 16
+                    cuda_threads=n * n // 16 if backward else n, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
+                    cuda_token_loops=((storing, recompute - storing), (1, 0)) if backward else (),
+                    cuda_scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)
 
 
 def _wkv7_chunked(heads: int, n: int) -> Workload:
@@ -191,9 +205,16 @@ def chunk_iteration(kernel, workload: Workload) -> Path:
 
 def token_iteration(kernel, workload: Workload) -> Path:
     """One token of a sequential kernel on its lean path. The loops that run once per token are the innermost loops
-    and the outer loops nested in another outer loop (the CUDA backward's adjoint loop, around its column dots), the
+    and the outer loops nested in another outer loop (a token loop around loops that run within each token), the
     latter with each loop nested in it taken workload.inner_trips times; the outermost loops step over chunks of
-    tokens and are not counted."""
+    tokens and are not counted. A CUDA kernel whose workload names its token loops' trips takes those instead."""
+    if kernel.twin == "cuda" and workload.cuda_token_loops:
+        loops = sorted(kernel.loops, key=lambda loop: loop.address)
+        if len(loops) != len(workload.cuda_token_loops):
+            raise LookupError(f"{kernel.key}: {len(loops)} innermost loops, the model names "
+                              f"{len(workload.cuda_token_loops)}; update tools/static_report/model.py")
+        return sum((_times(loop.work, work) + _times(loop.lean, lean)
+                    for loop, (work, lean) in zip(loops, workload.cuda_token_loops)), start=Path())
     outer = kernel.outer_loops
     nested = [loop for loop in outer
               if any({id(i) for i in loop.inner} < {id(i) for i in other.inner} for other in outer)]
@@ -206,7 +227,7 @@ def token_iteration(kernel, workload: Workload) -> Path:
     return path + sum((loop.lean for loop in kernel.loops if id(loop) not in inside), start=Path())
 
 
-def _times(path: Path, count: int) -> Path:
+def _times(path: Path, count: float) -> Path:
     return Path(path.instructions * count, path.loaded * count, path.stored * count, path.stored_unmasked * count,
                 Counter({access: n * count for access, n in path.accesses.items()}))
 
@@ -245,9 +266,13 @@ def predict(kernel, workload: Workload) -> Prediction:
         thread_instructions = (kernel.work.instructions + more * (hot.work.instructions if hot else 0)) \
             * blocks * threads
     floor = workload.read + workload.written
-    memory = (floor + 2 * scratch) / COPY_BYTES_PER_S
+    if kernel.twin == "cuda" and 0 < SMS * resident * workload.cuda_scratch_per_block <= L2_BYTES:
+        scratch_traffic = 0  # the scratch stays in L2
+    else:
+        scratch_traffic = 2 * scratch
+    memory = (floor + scratch_traffic) / COPY_BYTES_PER_S
     issue = thread_instructions / 32 / (SMS * SCHEDULERS * CLOCK_HZ)
     return Prediction(workload.title, kernel.key, thread_instructions / workload.units,
-                      per_token.instructions if per_token else None, floor + 2 * scratch, scratch,
+                      per_token.instructions if per_token else None, floor + scratch_traffic, scratch,
                       floor / COPY_BYTES_PER_S, memory, issue, resident, len(waves), waves[0], chain,
                       max(memory, issue, chain[0] if chain else 0.0))
