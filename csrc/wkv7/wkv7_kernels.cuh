@@ -1,6 +1,6 @@
 #pragma once
-// CUDA kernels of the WKV7 ops, RWKV-LM style: one block per (sequence, head), N threads, thread i owns row i of
-// the state in registers. Torch-free and free of launch syntax, so that the host emulator runs them
+// CUDA kernels of the WKV7 ops, RWKV-LM style: one block per (sequence, head), the state in registers, row i owned
+// by one thread or split over a few lanes (RowLanes). Torch-free and free of launch syntax, so that the host emulator runs them
 // (tests/test_wkv7_cuda_on_host.py); launched by wkv7_launch.cuh, instantiated by one small .cu per head size.
 #include <type_traits>
 
@@ -37,38 +37,111 @@ __device__ __forceinline__ float* checkpoint_slot(float* ckpt, const Wkv7Sizes& 
   return ckpt + ((t.batch * size.chunks + p / kCheckpointEvery) * size.heads + t.h) * int64_t(N) * N;
 }
 
-// row <- row i of the state at the start of the task's sequence.
-template <int N>
-__device__ __forceinline__ void load_initial_row(const float* initial_state, const Task& t, int i, float* row) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) row[j] = initial_state ? initial_state[(t.task * N + i) * int64_t(N) + j] : 0.f;
-}
-
 // w as the kernel sees it (read at its own storage type w_t: fp32 beside bf16 r..b keeps the decay's precision).
 template <Precision P, typename io_t, typename w_t>
 __device__ __forceinline__ float load_w(const w_t* w, int64_t idx) {
   return wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]);
 }
 
-// wkv7::step_row with its two N-term sums (sa_i = a . S_i and y_i = r . S_i) split into kParts independent FMA
-// chains of N / kParts, added pairwise at the end: one thread's consecutive FMAs then do not wait on each other
-// (a chain of N dependent FMAs is 4N cycles). Returns y_i; sa_i through `sa`.
+// The sum of x over the row's L lanes, left in each of them (wkv7::butterfly_sum is its host replay).
+template <int L>
+__device__ __forceinline__ float lane_sum(float x) {
+#pragma unroll
+  for (int m = L / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+// A thread map with L threads per state row: thread (i, p) = threadIdx.x = i * L + p. Lane p owns kCols of the N
+// columns of row i, the quads p, p + L, p + 2L, ... (4 adjacent columns each), so that a row's lanes store adjacent
+// 16-byte quads; every sum over columns is L partial sums added by shuffles.
+template <int N, int L, int MinBlocks>
+struct RowLanes {
+  static constexpr int kN = N;
+  static constexpr int kLanes = L;
+  static constexpr int kThreads = N * L;
+  static constexpr int kCols = N / L;
+  // The blocks per SM __launch_bounds__ asks for where the occupancy needs a register budget (0: left to ptxas, which
+  // took 80 to 163 registers across the instantiations of one kernel at N = 64, spilling at some and halving the
+  // blocks per SM at others).
+  static constexpr int kMinBlocks = MinBlocks;
+  static_assert(kCols % 4 == 0 && kThreads % 32 == 0);
+  // Lane p's m-th column.
+  __device__ __forceinline__ static int col(int p, int m) { return 4 * ((m / 4) * L + p) + m % 4; }
+};
+
+// The forward's: 2 lanes per row at N = 64, 4 blocks per SM (128 registers): twice the warps per scheduler of a
+// thread per row (4 instead of 2 at B8 H64 N64) and half the dependent chain per token, for 2 shuffles per token.
+// N = 32 and 128 keep a thread per row: at N = 128 its 175 registers give 2 blocks per SM (one wave for B8 H32), and
+// 2 lanes of 64 columns spill at 128 registers.
 template <int N>
-__device__ __forceinline__ float step_row_split(float* row, const float* r, const float* d, const float* k,
-                                                const float* a, const float* b, float v_i, float& sa) {
+using ForwardLanes = std::conditional_t<N == 64, RowLanes<N, 2, 4>, RowLanes<N, 1, 0>>;
+
+// The backward's: N / 16 lanes per row, 16 columns per thread, of row i of S and G and, as rows of the transposed
+// copy, of column i of G. This keeps each thread's two copies of G (2 x 16 floats) in registers with room to spare,
+// and puts more warps on a scheduler to overlap one warp's scratch loads with another's dependent sums (with a thread
+// per row, the N = 64 backward sat at 255 registers with 2 warps per scheduler, and N = 128 spilled ~1.8 KB).
+// At N = 64, 2 blocks of 256 threads per SM (128 registers).
+template <int N>
+using BackwardLanes = RowLanes<N, N / 16, N == 64 ? 2 : 0>;
+
+// Lane p's columns of row i of S, as 16-byte stores into a row-major N x N slot.
+template <class Lanes>
+__device__ __forceinline__ void store_row(float* state, int i, int p, const float* row) {
+#pragma unroll
+  for (int m = 0; m < Lanes::kCols; m += 4) {
+    *reinterpret_cast<float4*>(state + i * Lanes::kN + Lanes::col(p, m)) =
+        float4{row[m], row[m + 1], row[m + 2], row[m + 3]};
+  }
+}
+
+// Lane p's columns of row i of the state at the start of the task's sequence (zeros without an initial state).
+template <class Lanes>
+__device__ __forceinline__ void load_initial_row(const float* initial_state, const Task& t, int i, int p, float* row) {
+  constexpr int N = Lanes::kN;
+#pragma unroll
+  for (int m = 0; m < Lanes::kCols; ++m) {
+    row[m] = initial_state ? initial_state[(t.task * N + i) * int64_t(N) + Lanes::col(p, m)] : 0.f;
+  }
+}
+
+// sum_j x_j y_j over all N columns j, where lane p holds x at its columns (x[m] = x_{col(p, m)}) and y is a full
+// vector (in shared memory, or column i of a row-major state read with stride N: the lanes of a warp then read
+// consecutive floats).
+template <class Lanes, int kStride = 1>
+__device__ __forceinline__ float row_dot(const float* x, const float* y, int p) {
+  float sum = 0.f;
+#pragma unroll
+  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(x[m], y[Lanes::col(p, m) * kStride], sum);
+  return lane_sum<Lanes::kLanes>(sum);
+}
+
+// sum_j S[j][i] y_j for column i of a row-major state (column = state + i) and a full vector y in shared memory.
+template <class Lanes>
+__device__ __forceinline__ float column_dot(const float* column, const float* y, int p) {
+  float sum = 0.f;
+#pragma unroll 16
+  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(column[Lanes::col(p, m) * Lanes::kN], y[Lanes::col(p, m)], sum);
+  return lane_sum<Lanes::kLanes>(sum);
+}
+
+// One token for lane p's columns of row i (wkv7::step_row): its two sums (sa_i = a . S_i and y_i = r . S_i) run as 4
+// independent FMA chains per lane, added pairwise, then across the row's lanes. Returns y_i.
+template <class Lanes>
+__device__ __forceinline__ float lane_step(float* row, const float* r, const float* d, const float* k, const float* a,
+                                           const float* b, float v_i, int p) {
   constexpr int kParts = 4;
-  static_assert(N % kParts == 0);
   float part[kParts] = {};
 #pragma unroll
-  for (int j = 0; j < N; ++j) part[j % kParts] = fmaf(a[j], row[j], part[j % kParts]);
-  sa = (part[0] + part[1]) + (part[2] + part[3]);
+  for (int m = 0; m < Lanes::kCols; ++m) part[m % kParts] = fmaf(a[Lanes::col(p, m)], row[m], part[m % kParts]);
+  const float sa = lane_sum<Lanes::kLanes>((part[0] + part[1]) + (part[2] + part[3]));
   float out[kParts] = {};
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    row[j] = fmaf(v_i, k[j], fmaf(sa, b[j], row[j] * d[j]));
-    out[j % kParts] = fmaf(row[j], r[j], out[j % kParts]);
+  for (int m = 0; m < Lanes::kCols; ++m) {
+    const int j = Lanes::col(p, m);
+    row[m] = fmaf(v_i, k[j], fmaf(sa, b[j], row[m] * d[j]));
+    out[m % kParts] = fmaf(row[m], r[j], out[m % kParts]);
   }
-  return (out[0] + out[1]) + (out[2] + out[3]);
+  return lane_sum<Lanes::kLanes>((out[0] + out[1]) + (out[2] + out[3]));
 }
 
 // Element i of one token's inputs, widened (w through the decay mode, not yet turned into a decay).
@@ -83,102 +156,48 @@ __device__ __forceinline__ TokenInputs load_token(int64_t idx, const io_t* r, co
           wkv7::load<P>(v[idx]), wkv7::load<P>(a[idx]), wkv7::load<P>(b[idx])};
 }
 
-// The forward: thread i owns row i of S. Token q's inputs are loaded while token q-1 is computed (their DRAM latency
-// leaves the per-token chain), staged into one of two shared buffers (one barrier per token), and the row sums run
-// as independent partial chains (step_row_split).
+// The forward (ForwardLanes: lane 0 of row i loads and stages element i of the inputs and stores y_i). Token q's
+// inputs are loaded while token q-1 is computed (their DRAM latency leaves the per-token chain), staged into one of
+// two shared buffers (one barrier per token), and the row sums run as independent partial chains (lane_step).
 template <int N, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(N) forward_kernel(const Wkv7ForwardParams p) {
+__global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kMinBlocks) forward_kernel(const Wkv7ForwardParams p) {
+  using Lanes = ForwardLanes<N>;
   const Task t = task_of(p.size);
   const Decay decay = static_cast<Decay>(p.size.decay);
-  const int i = threadIdx.x;
+  const int i = threadIdx.x / Lanes::kLanes, lane = threadIdx.x % Lanes::kLanes;
+  const bool stager = lane == 0;
   const io_t* r = static_cast<const io_t*>(p.r);
   const w_t* w = static_cast<const w_t*>(p.w);
   const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
   io_t* y = static_cast<io_t*>(p.y);
-  __shared__ float r_[2][N], d_[2][N], k_[2][N], a_[2][N], b_[2][N];
-  float row[N];
-  load_initial_row<N>(p.initial_state, t, i, row);
+  __shared__ __align__(16) float r_[2][N], d_[2][N], k_[2][N], v_[2][N], a_[2][N], b_[2][N];
+  float row[Lanes::kCols];
+  load_initial_row<Lanes>(p.initial_state, t, i, lane, row);
   TokenInputs next{};
-  if (t.start < t.end) next = load_token<P>(token_index(p.size, t, t.start, N) + i, r, w, k, v, a, b);
+  if (stager && t.start < t.end) next = load_token<P>(token_index(p.size, t, t.start, N) + i, r, w, k, v, a, b);
   for (int64_t q = t.start; q < t.end; ++q) {
     if (p.checkpoints != nullptr && q % kCheckpointEvery == 0) {
       float* slot = checkpoint_slot<N>(p.checkpoints, p.size, t, q);
 #pragma unroll
-      for (int j = 0; j < N; ++j) slot[j * N + i] = row[j];  // transposed: coalesced
+      for (int m = 0; m < Lanes::kCols; ++m) slot[Lanes::col(lane, m) * N + i] = row[m];  // transposed: coalesced
     }
     const int64_t idx = token_index(p.size, t, q, N) + i;
     const int buf = int(q - t.start) & 1;
-    r_[buf][i] = next.r;
-    d_[buf][i] = wkv7::decay_of(next.w, decay);
-    k_[buf][i] = next.k;
-    a_[buf][i] = next.a;
-    b_[buf][i] = next.b;
-    const float v_i = next.v;
+    if (stager) {
+      r_[buf][i] = next.r;
+      d_[buf][i] = wkv7::decay_of(next.w, decay);
+      k_[buf][i] = next.k;
+      v_[buf][i] = next.v;
+      a_[buf][i] = next.a;
+      b_[buf][i] = next.b;
+    }
     __syncthreads();  // token q is staged, and every thread is past token q - 2, this buffer's last reader
-    if (q + 1 < t.end) next = load_token<P>(idx + p.size.heads * N, r, w, k, v, a, b);
-    float sa;
-    const float yi = step_row_split<N>(row, r_[buf], d_[buf], k_[buf], a_[buf], b_[buf], v_i, sa);
-    y[idx] = wkv7::store<io_t, P>(yi);
+    if (stager && q + 1 < t.end) next = load_token<P>(idx + p.size.heads * N, r, w, k, v, a, b);
+    const float yi = lane_step<Lanes>(row, r_[buf], d_[buf], k_[buf], a_[buf], b_[buf], v_[buf][i], lane);
+    if (stager) y[idx] = wkv7::store<io_t, P>(yi);
   }
-#pragma unroll
-  for (int j = 0; j < N; ++j) p.final_state[(t.task * N + i) * int64_t(N) + j] = row[j];
-}
-
-// The sum of x over the row's L lanes, left in each of them (wkv7::butterfly_sum is its host replay).
-template <int L>
-__device__ __forceinline__ float lane_sum(float x) {
-#pragma unroll
-  for (int m = L / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
-}
-
-// The backward's thread map: kLanes threads per state row, thread (i, p) = threadIdx.x = i * kLanes + p. Lane p owns
-// kCols of the N columns, the quads p, p + L, p + 2L, ... (4 adjacent columns each), of row i of S and G and, as
-// rows of the transposed copy, of column i of G; every sum over columns is kLanes partial sums added by shuffles.
-// Splitting a row keeps each thread's two copies of G (2 x kCols floats) in registers with room to spare, and puts
-// kLanes times more warps on a scheduler to overlap one warp's scratch loads with another's dependent sums (with a
-// thread per row, the N = 64 backward sat at 255 registers with 2 warps per scheduler, and N = 128 spilled ~1.8 KB).
-template <int N>
-struct BackwardLanes {
-  static constexpr int kLanes = N / 16;
-  static constexpr int kThreads = N * kLanes;
-  static constexpr int kCols = N / kLanes;
-  static_assert(kCols % 4 == 0 && kThreads % 32 == 0);
-  // Lane p's m-th column: the row's kLanes lanes store adjacent 16-byte quads.
-  __device__ __forceinline__ static int col(int p, int m) { return 4 * ((m / 4) * kLanes + p) + m % 4; }
-};
-
-// Lane p's columns of row i of S, as 16-byte stores into a row-major N x N slot.
-template <int N>
-__device__ __forceinline__ void store_row(float* state, int i, int p, const float* row) {
-  using Lanes = BackwardLanes<N>;
-#pragma unroll
-  for (int m = 0; m < Lanes::kCols; m += 4) {
-    *reinterpret_cast<float4*>(state + i * N + Lanes::col(p, m)) = float4{row[m], row[m + 1], row[m + 2], row[m + 3]};
-  }
-}
-
-// sum_j x_j y_j over all N columns j, where lane p holds x at its columns (x[m] = x_{col(p, m)}) and y is a full
-// vector (in shared memory, or column i of a row-major state read with stride N: the lanes of a warp then read
-// consecutive floats).
-template <int N, int kStride = 1>
-__device__ __forceinline__ float row_dot(const float* x, const float* y, int p) {
-  using Lanes = BackwardLanes<N>;
-  float sum = 0.f;
-#pragma unroll
-  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(x[m], y[Lanes::col(p, m) * kStride], sum);
-  return lane_sum<Lanes::kLanes>(sum);
-}
-
-// sum_j S[j][i] y_j for column i of a row-major state (column = state + i) and a full vector y in shared memory.
-template <int N>
-__device__ __forceinline__ float column_dot(const float* column, const float* y, int p) {
-  using Lanes = BackwardLanes<N>;
-  float sum = 0.f;
-#pragma unroll 16
-  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(column[Lanes::col(p, m) * N], y[Lanes::col(p, m)], sum);
-  return lane_sum<Lanes::kLanes>(sum);
+  store_row<Lanes>(p.final_state + t.task * int64_t(N) * N, i, lane, row);
 }
 
 // The backward: per chunk of kCheckpointEvery tokens (latest first), per sub-chunk of kSubChunk tokens in it (latest
@@ -192,7 +211,7 @@ __device__ __forceinline__ float column_dot(const float* column, const float* y,
 // traffic at B8 T4096 H64 N64, 124 ms measured.) Lane 0 of row i stages element i of each token's inputs in shared
 // memory and stores element i of the gradients.
 template <int N, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(const Wkv7BackwardParams p) {
+__global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::kMinBlocks) backward_kernel(const Wkv7BackwardParams p) {
   using Lanes = BackwardLanes<N>;
   constexpr int kCols = Lanes::kCols;
   const Task t = task_of(p.size);
@@ -228,16 +247,15 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(co
       const int sub = (sub_end - 1) / kSubChunk * kSubChunk;  // the sub-chunk: tokens [q + sub, q + sub_end)
       {
         float row[kCols];
-        // The chunk's first state: the checkpoint (stored transposed) or the initial state.
-        const float* first = q > t.start ? checkpoint_slot<N>(const_cast<float*>(p.checkpoints), p.size, t, q)
-                                         : p.initial_state;
+        if (q > t.start) {  // the chunk's checkpoint (stored transposed), else the initial state
+          const float* slot = checkpoint_slot<N>(const_cast<float*>(p.checkpoints), p.size, t, q);
 #pragma unroll
-        for (int m = 0; m < kCols; ++m) {
-          const int j = Lanes::col(lane, m);
-          row[m] = q > t.start ? first[j * N + i] : first ? first[(t.task * N + i) * int64_t(N) + j] : 0.f;
+          for (int m = 0; m < kCols; ++m) row[m] = slot[Lanes::col(lane, m) * N + i];
+        } else {
+          load_initial_row<Lanes>(p.initial_state, t, i, lane, row);
         }
         __syncthreads();  // the previous sub-chunk's readers of states and sa_ are done
-        if (sub == 0) store_row<N>(states, i, lane, row);
+        if (sub == 0) store_row<Lanes>(states, i, lane, row);
         for (int l = 0; l < sub_end; ++l) {
           const int64_t idx = token_index(p.size, t, q + l, N) + i;
           __syncthreads();  // the previous token's readers are done
@@ -249,7 +267,7 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(co
             d_[i] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
           }
           __syncthreads();
-          const float sa = row_dot<N>(row, a_, lane);
+          const float sa = row_dot<Lanes>(row, a_, lane);
           const float v_i = v_[i];
 #pragma unroll
           for (int m = 0; m < kCols; ++m) {
@@ -257,7 +275,7 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(co
             row[m] = fmaf(v_i, k_[j], fmaf(sa, b_[j], row[m] * d_[j]));
           }
           if (stager && l >= sub) sa_[l - sub][i] = sa;
-          if (l + 1 >= sub) store_row<N>(states + (l + 1 - sub) * kNN, i, lane, row);
+          if (l + 1 >= sub) store_row<Lanes>(states + (l + 1 - sub) * kNN, i, lane, row);
         }
       }
       for (int l = sub_end - 1; l >= sub; --l) {
@@ -284,15 +302,15 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads) backward_kernel(co
           g_row[m] = fmaf(dy_i, r_[j], g_row[m]);  // G += dy r^T: y_t's part of dL/dS_t
           g_col[m] = fmaf(dy_[j], r_i, g_col[m]);
         }
-        const float dv_i = row_dot<N>(g_row, k_, lane);
-        const float dsa_i = row_dot<N>(g_row, b_, lane);
-        const float dk_i = row_dot<N>(g_col, v_, lane);
-        const float db_i = row_dot<N>(g_col, sa_[l - sub], lane);
-        const float dd_i = row_dot<N, N>(g_col, prev_col, lane);
-        const float dr_i = column_dot<N>(cur_col, dy_, lane);
+        const float dv_i = row_dot<Lanes>(g_row, k_, lane);
+        const float dsa_i = row_dot<Lanes>(g_row, b_, lane);
+        const float dk_i = row_dot<Lanes>(g_col, v_, lane);
+        const float db_i = row_dot<Lanes>(g_col, sa_[l - sub], lane);
+        const float dd_i = row_dot<Lanes, N>(g_col, prev_col, lane);
+        const float dr_i = column_dot<Lanes>(cur_col, dy_, lane);
         if (stager) dsa_[i] = dsa_i;
         __syncthreads();
-        const float da_i = column_dot<N>(prev_col, dsa_, lane);
+        const float da_i = column_dot<Lanes>(prev_col, dsa_, lane);
 #pragma unroll
         for (int m = 0; m < kCols; ++m) {  // G becomes dL/dS_{t-1} = G diag(d) + dsa a^T
           const int j = Lanes::col(lane, m);

@@ -38,7 +38,8 @@ cudaError_t dispatch_io_w(DType dtype, F&& launch) {
     });                                                                                                      \
   }
 
-ROPEWKV_WKV7_LAUNCHER(wkv7_forward, forward_kernel, Wkv7ForwardParams, p.size.n_seqs* p.size.heads, N)
+ROPEWKV_WKV7_LAUNCHER(wkv7_forward, forward_kernel, Wkv7ForwardParams, p.size.n_seqs* p.size.heads,
+                      wkv7_detail::ForwardLanes<N>::kThreads)
 ROPEWKV_WKV7_LAUNCHER(wkv7_backward, backward_kernel, Wkv7BackwardParams, p.size.n_seqs* p.size.heads,
                       wkv7_detail::BackwardLanes<N>::kThreads)
 ROPEWKV_WKV7_LAUNCHER(wkv7_step, step_kernel, Wkv7StepParams, p.batch* p.heads, wkv7::StepLanes<N>::kThreads)

@@ -23,8 +23,10 @@ template <int N>
 void run_kernels(const host_cuda::Wkv7Case& c, const Wkv7ForwardParams& fwd, const Wkv7BackwardParams& bwd) {
   const dim3 grid(unsigned(c.n_seqs * c.heads));
   host_cuda::dispatch_wkv7(c, [&]<typename io_t, typename w_t, Precision P>() {
-    host_cuda::run_grid(grid, dim3(N), [&] { wkv7_detail::forward_kernel<N, io_t, w_t, P>(fwd); });
-    host_cuda::run_grid(grid, dim3(wkv7_detail::BackwardLanes<N>::kThreads), [&] { wkv7_detail::backward_kernel<N, io_t, w_t, P>(bwd); });
+    host_cuda::run_grid(grid, dim3(wkv7_detail::ForwardLanes<N>::kThreads),
+                        [&] { wkv7_detail::forward_kernel<N, io_t, w_t, P>(fwd); });
+    host_cuda::run_grid(grid, dim3(wkv7_detail::BackwardLanes<N>::kThreads),
+                        [&] { wkv7_detail::backward_kernel<N, io_t, w_t, P>(bwd); });
   });
 }
 
