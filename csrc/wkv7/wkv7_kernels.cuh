@@ -1,7 +1,8 @@
 #pragma once
 // CUDA kernels of the WKV7 ops, RWKV-LM style: one block per (sequence, head), the state in registers, row i owned
-// by one thread or split over a few lanes (RowLanes). Torch-free and free of launch syntax, so that the host emulator runs them
-// (tests/test_wkv7_cuda_on_host.py); launched by wkv7_launch.cuh, instantiated by one small .cu per head size.
+// by one thread or split over a few lanes (RowLanes). Torch-free and free of launch syntax, so that the host emulator
+// runs them (tests/test_wkv7_cuda_on_host.py); launched by wkv7_launch.cuh, instantiated by one small .cu per head
+// size.
 #include <type_traits>
 
 #include "ropewkv/cuda_common.cuh"
@@ -160,7 +161,8 @@ __device__ __forceinline__ TokenInputs load_token(int64_t idx, const io_t* r, co
 // inputs are loaded while token q-1 is computed (their DRAM latency leaves the per-token chain), staged into one of
 // two shared buffers (one barrier per token), and the row sums run as independent partial chains (lane_step).
 template <int N, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kMinBlocks) forward_kernel(const Wkv7ForwardParams p) {
+__global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kMinBlocks)
+    forward_kernel(const Wkv7ForwardParams p) {
   using Lanes = ForwardLanes<N>;
   const Task t = task_of(p.size);
   const Decay decay = static_cast<Decay>(p.size.decay);
@@ -205,13 +207,14 @@ __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kM
 // sub-chunk's states in the block's scratch, then run the sub-chunk's adjoint steps (1.5 recompute steps per token
 // at kSubChunk = 8, against 1 with whole chunks: the price of a scratch that stays in L2). Thread (i, p) keeps its
 // columns (BackwardLanes) of row i of G (for dv, dsa) and of column i of G (for dk, db, dd), as RWKV-LM keeps whole
-// ones, so that every sum is a per-thread loop plus kLanes - 1 shuffles. The scratch is row-major: the recompute stores rows (each row's lanes adjacent
-// 16-byte quads), the adjoint reads three columns per token, coalesced. (Transposed, as before the H100 run of
-// 2026-11-26, each column read had the lanes 4 N bytes apart, one 32-byte L2 sector per 4-byte load: ~0.8 TB of L2
-// traffic at B8 T4096 H64 N64, 124 ms measured.) Lane 0 of row i stages element i of each token's inputs in shared
-// memory and stores element i of the gradients.
+// ones, so that every sum is a per-thread loop plus log2(kLanes) shuffles. The scratch is row-major: the recompute
+// stores rows (each row's lanes adjacent 16-byte quads), the adjoint reads three columns per token, coalesced.
+// (Transposed, as before the H100 run of 2026-11-26, each column read had the lanes 4 N bytes apart, one 32-byte L2
+// sector per 4-byte load: ~0.8 TB of L2 traffic at B8 T4096 H64 N64, 124 ms measured.) Lane 0 of row i stages
+// element i of each token's inputs in shared memory and stores element i of the gradients.
 template <int N, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::kMinBlocks) backward_kernel(const Wkv7BackwardParams p) {
+__global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::kMinBlocks)
+    backward_kernel(const Wkv7BackwardParams p) {
   using Lanes = BackwardLanes<N>;
   constexpr int kCols = Lanes::kCols;
   const Task t = task_of(p.size);

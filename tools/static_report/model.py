@@ -106,7 +106,8 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     storing = (sub + 1) / sub
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
                     b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
-                    cuda_threads=n * n // 16 if backward else n * (2 if n == 64 else 1), triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
+                    cuda_threads=n * n // 16 if backward else n * (2 if n == 64 else 1),
+                    triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     cuda_token_loops=((storing, recompute - storing), (1, 0)) if backward else (),
                     cuda_scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)
 

@@ -132,20 +132,6 @@ ROPEWKV_HD void adjoint_row_propagate(acc_t* g_row, int n, const acc_t* d, acc_t
   for (int j = 0; j < n; ++j) g_row[j] = g_row[j] * d[j] + dsa_i * a[j];
 }
 
-// The same two updates for column i of G (G[:][i], the transposed copy the CUDA backward keeps so that the
-// column sums dk, db, dd need no cross-thread reduction).
-template <typename acc_t>
-ROPEWKV_HD void adjoint_col_output(acc_t* g_col, int n, const acc_t* dy, acc_t r_i) {
-  ROPEWKV_SIMD
-  for (int j = 0; j < n; ++j) g_col[j] += dy[j] * r_i;
-}
-
-template <typename acc_t>
-ROPEWKV_HD void adjoint_col_propagate(acc_t* g_col, int n, acc_t d_i, const acc_t* dsa, acc_t a_i) {
-  ROPEWKV_SIMD
-  for (int j = 0; j < n; ++j) g_col[j] = g_col[j] * d_i + dsa[j] * a_i;
-}
-
 // The token range [start, end) and batch row of sequence s: with cu_seqlens (B == 1) the packed sequence s, else
 // batch row s. Clamped into [0, T] so that bad offsets can never index out of bounds (Python validates them).
 template <typename int_t>
