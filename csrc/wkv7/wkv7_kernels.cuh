@@ -72,7 +72,7 @@ struct RowLanes {
 
 // The forward's: 2 lanes per row at N = 64, 4 blocks per SM (128 registers): twice the warps per scheduler of a
 // thread per row (4 instead of 2 at B8 H64 N64) and half the dependent chain per token, for 2 shuffles per token.
-// N = 32 and 128 keep a thread per row: at N = 128 its 175 registers give 2 blocks per SM (one wave for B8 H32), and
+// N = 32 and 128 keep a thread per row: at N = 128 its 249 registers give 2 blocks per SM (one wave for B8 H32), and
 // 2 lanes of 64 columns spill at 128 registers.
 template <int N>
 using ForwardLanes = std::conditional_t<N == 64, RowLanes<N, 2, 4>, RowLanes<N, 1, 0>>;
@@ -125,6 +125,17 @@ __device__ __forceinline__ float column_dot(const float* column, const float* y,
   return lane_sum<Lanes::kLanes>(sum);
 }
 
+// Lane p's columns of row i become S_t's: S_{t-1}[i][j] d_j + sa_i b_j + v_i k_j.
+template <class Lanes>
+__device__ __forceinline__ void lane_update(float* row, const float* d, const float* k, const float* b, float sa,
+                                            float v_i, int p) {
+#pragma unroll
+  for (int m = 0; m < Lanes::kCols; ++m) {
+    const int j = Lanes::col(p, m);
+    row[m] = fmaf(v_i, k[j], fmaf(sa, b[j], row[m] * d[j]));
+  }
+}
+
 // One token for lane p's columns of row i (wkv7::step_row): its two sums (sa_i = a . S_i and y_i = r . S_i) run as 4
 // independent FMA chains per lane, added pairwise, then across the row's lanes. Returns y_i.
 template <class Lanes>
@@ -135,13 +146,10 @@ __device__ __forceinline__ float lane_step(float* row, const float* r, const flo
 #pragma unroll
   for (int m = 0; m < Lanes::kCols; ++m) part[m % kParts] = fmaf(a[Lanes::col(p, m)], row[m], part[m % kParts]);
   const float sa = lane_sum<Lanes::kLanes>((part[0] + part[1]) + (part[2] + part[3]));
+  lane_update<Lanes>(row, d, k, b, sa, v_i, p);
   float out[kParts] = {};
 #pragma unroll
-  for (int m = 0; m < Lanes::kCols; ++m) {
-    const int j = Lanes::col(p, m);
-    row[m] = fmaf(v_i, k[j], fmaf(sa, b[j], row[m] * d[j]));
-    out[m % kParts] = fmaf(row[m], r[j], out[m % kParts]);
-  }
+  for (int m = 0; m < Lanes::kCols; ++m) out[m % kParts] = fmaf(row[m], r[Lanes::col(p, m)], out[m % kParts]);
   return lane_sum<Lanes::kLanes>((out[0] + out[1]) + (out[2] + out[3]));
 }
 
@@ -271,12 +279,7 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
           }
           __syncthreads();
           const float sa = row_dot<Lanes>(row, a_, lane);
-          const float v_i = v_[i];
-#pragma unroll
-          for (int m = 0; m < kCols; ++m) {
-            const int j = Lanes::col(lane, m);
-            row[m] = fmaf(v_i, k_[j], fmaf(sa, b_[j], row[m] * d_[j]));
-          }
+          lane_update<Lanes>(row, d_, k_, b_, sa, v_[i], lane);
           if (stager && l >= sub) sa_[l - sub][i] = sa;
           if (l + 1 >= sub) store_row<Lanes>(states + (l + 1 - sub) * kNN, i, lane, row);
         }
