@@ -77,13 +77,15 @@ struct RowLanes {
 template <int N>
 using ForwardLanes = std::conditional_t<N == 64, RowLanes<N, 2, 4>, RowLanes<N, 1, 0>>;
 
-// The backward's: N / 16 lanes per row, 16 columns per thread, of row i of S and G and, as rows of the transposed
-// copy, of column i of G. This keeps each thread's two copies of G (2 x 16 floats) in registers with room to spare,
-// and puts more warps on a scheduler to overlap one warp's scratch loads with another's dependent sums (with a thread
-// per row, the N = 64 backward sat at 255 registers with 2 warps per scheduler, and N = 128 spilled ~1.8 KB).
-// At N = 64, 2 blocks of 256 threads per SM (128 registers).
+// The backward's: 2 lanes per row at N = 32, 4 at N = 64 and 128 (16, 16 and 32 columns per thread), of row i of S
+// and G and, as rows of the transposed copy, of column i of G. Each thread keeps its two copies of G in registers,
+// and more warps sit on a scheduler to overlap one warp's scratch loads with another's dependent sums (with a thread
+// per row, the N = 64 backward sat at 255 registers with 2 warps per scheduler, and N = 128 spilled ~1.8 KB). The
+// blocks per SM are named so that ptxas gets 128 registers: left to itself it took 80 and spilled at N = 32. At
+// N = 128, 8 lanes (1,024 threads of 64 registers) spilled 104-132 B; 4 lanes hold twice the columns per thread at
+// twice the registers, and the per-thread addresses and loop state are paid for by half as many threads.
 template <int N>
-using BackwardLanes = RowLanes<N, N / 16, N == 64 ? 2 : 0>;
+using BackwardLanes = RowLanes<N, N == 32 ? 2 : 4, N == 32 ? 8 : (N == 64 ? 2 : 1)>;
 
 // Lane p's columns of row i of S, as 16-byte stores into a row-major N x N slot.
 template <class Lanes>
@@ -106,23 +108,36 @@ __device__ __forceinline__ void load_initial_row(const float* initial_state, con
 }
 
 // sum_j x_j y_j over all N columns j, where lane p holds x at its columns (x[m] = x_{col(p, m)}) and y is a full
-// vector (in shared memory, or column i of a row-major state read with stride N: the lanes of a warp then read
-// consecutive floats).
-template <class Lanes, int kStride = 1>
+// vector in shared memory.
+template <class Lanes>
 __device__ __forceinline__ float row_dot(const float* x, const float* y, int p) {
   float sum = 0.f;
 #pragma unroll
-  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(x[m], y[Lanes::col(p, m) * kStride], sum);
+  for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(x[m], y[Lanes::col(p, m)], sum);
   return lane_sum<Lanes::kLanes>(sum);
 }
 
-// sum_j S[j][i] y_j for column i of a row-major state (column = state + i) and a full vector y in shared memory.
+// sum_j S[j][i] y_j for column i of a row-major state (column = state + i: the lanes of a warp read consecutive
+// floats) and a full vector y in shared memory.
 template <class Lanes>
 __device__ __forceinline__ float column_dot(const float* column, const float* y, int p) {
   float sum = 0.f;
 #pragma unroll 16
   for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(column[Lanes::col(p, m) * Lanes::kN], y[Lanes::col(p, m)], sum);
   return lane_sum<Lanes::kLanes>(sum);
+}
+
+// column_dot's sums of one column with x (held at the lane's columns, as in row_dot) and with y, in one pass.
+template <class Lanes>
+__device__ __forceinline__ float2 column_dot2(const float* column, const float* x, const float* y, int p) {
+  float sum_x = 0.f, sum_y = 0.f;
+#pragma unroll
+  for (int m = 0; m < Lanes::kCols; ++m) {
+    const float c = column[Lanes::col(p, m) * Lanes::kN];
+    sum_x = fmaf(x[m], c, sum_x);
+    sum_y = fmaf(c, y[Lanes::col(p, m)], sum_y);
+  }
+  return {lane_sum<Lanes::kLanes>(sum_x), lane_sum<Lanes::kLanes>(sum_y)};
 }
 
 // Lane p's columns of row i become S_t's: S_{t-1}[i][j] d_j + sa_i b_j + v_i k_j.
@@ -312,11 +327,16 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
         const float dsa_i = row_dot<Lanes>(g_row, b_, lane);
         const float dk_i = row_dot<Lanes>(g_col, v_, lane);
         const float db_i = row_dot<Lanes>(g_col, sa_[l - sub], lane);
-        const float dd_i = row_dot<Lanes, N>(g_col, prev_col, lane);
         const float dr_i = column_dot<Lanes>(cur_col, dy_, lane);
-        if (stager) dsa_[i] = dsa_i;
+        if (stager) {
+          dsa_[i] = dsa_i;
+          gr[idx] = wkv7::store<io_t, P>(dr_i);
+          gk[idx] = wkv7::store<io_t, P>(dk_i);
+          gv[idx] = wkv7::store<io_t, P>(dv_i);
+          gb[idx] = wkv7::store<io_t, P>(db_i);
+        }
         __syncthreads();
-        const float da_i = column_dot<Lanes>(prev_col, dsa_, lane);
+        const float2 dd_da = column_dot2<Lanes>(prev_col, g_col, dsa_, lane);  // one pass over column i of S_{t-1}
 #pragma unroll
         for (int m = 0; m < kCols; ++m) {  // G becomes dL/dS_{t-1} = G diag(d) + dsa a^T
           const int j = Lanes::col(lane, m);
@@ -324,12 +344,8 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
           g_col[m] = fmaf(dsa_[j], a_i, g_col[m] * d_i);
         }
         if (stager) {
-          gr[idx] = wkv7::store<io_t, P>(dr_i);
-          gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_i * d_i * wkv7::log_decay_grad(w_i, decay));
-          gk[idx] = wkv7::store<io_t, P>(dk_i);
-          gv[idx] = wkv7::store<io_t, P>(dv_i);
-          ga[idx] = wkv7::store<io_t, P>(da_i);
-          gb[idx] = wkv7::store<io_t, P>(db_i);
+          gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_da.x * d_i * wkv7::log_decay_grad(w_i, decay));
+          ga[idx] = wkv7::store<io_t, P>(dd_da.y);
         }
       }
       sub_end = sub;

@@ -90,8 +90,9 @@ def _rope() -> Workload:
 
 def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     """The sequential WKV7 kernels. The CUDA forward (csrc/wkv7/wkv7_kernels.cuh) runs 2 lanes per state row at
-    n = 64, else one (ForwardLanes); the backward n / 16 lanes (BackwardLanes), and it recomputes each 16-token chunk
-    in sub-chunks of k = 8 tokens (4 at n = 128: wkv7_backward_sub_chunk), keeping k + 1 states per block."""
+    n = 64, else one (ForwardLanes); the backward 2 at n = 32, else 4 (BackwardLanes), and it recomputes each
+    16-token chunk in sub-chunks of k = 8 tokens (4 at n = 128: wkv7_backward_sub_chunk), keeping k + 1 states per
+    block."""
     b, t = 8, 4096
     tensor = b * t * heads * n * 2  # one bf16 [B, T, H, N]
     checkpoints = t // CHECKPOINT_EVERY * b * heads * n * n * 4
@@ -106,7 +107,7 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     storing = (sub + 1) / sub
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
                     b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
-                    cuda_threads=n * n // 16 if backward else n * (2 if n == 64 else 1),
+                    cuda_threads=n * (2 if n == 32 else 4) if backward else n * (2 if n == 64 else 1),
                     triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     cuda_token_loops=((storing, recompute - storing), (1, 0)) if backward else (),
                     cuda_scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)
