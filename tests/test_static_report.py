@@ -165,3 +165,25 @@ def test_device_conversions_are_single_instructions():
     assert "F2FP.F16.F32.PACK_AB" in fp16 and "HADD2.F32" in fp16
     for ops in (bf16, fp16):  # the integer versions' masks, compares and rounding adds
         assert not [op for op in ops if op.split(".")[0] in ("LOP3", "ISETP", "IADD3", "SEL")], ops
+
+
+def test_cuda_token_loop_with_a_nested_loop_counts_its_trips():
+    """The CUDA WKV7 N = 128 backward's adjoint loop holds its column-sum loop: the model counts the adjoint loop's
+    body once per token and the nested loop Workload.inner_trips times, beside the recompute loop's named trips."""
+    from tools.static_report import model
+
+    def loop(address, work, lean, inner=()):
+        return kernels.Loop(address, work, sass.Path(work), sass.Path(lean), list(inner))
+
+    recompute, column = loop(0x100, 10, 8), loop(0x300, 5, 5)
+    adjoint = loop(0x200, 40, 40, [column])  # its paths take the column loop once
+    chunks = loop(0x80, 100, 100, [recompute, column])
+    kernel = kernels.Kernel("k", "cuda", "k.cu", "k", 128, 0, 0, 0, 0, 512, sass.Path(), [recompute, column],
+                            [chunks, adjoint])
+    workload = model.Workload("w", "token-head", 1, 0, 0, 1, tokens=16, cuda_token_loops=((1.5, 1.0), (1, 0)),
+                              inner_trips=2)
+    assert model.token_iteration(kernel, workload).instructions == 1.5 * 10 + 1.0 * 8 + (40 + 5)
+    with pytest.raises(LookupError, match="inner_trips"):
+        model.token_iteration(kernel, dataclasses.replace(workload, inner_trips=0))
+    with pytest.raises(LookupError, match="2 token loops, the model names 1"):
+        model.token_iteration(kernel, dataclasses.replace(workload, cuda_token_loops=((1, 0),)))

@@ -18,7 +18,8 @@ The model (stated in the report too):
   left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The CUDA
   backward names its token loops' trips per token instead (Workload.cuda_token_loops): its recompute loop runs 1.5
   (2.5 at N = 128) times per token, storing a state on (k + 1) / k of them (sub-chunks of k tokens), and its adjoint
-  loop once, on its work path (lane 0's staging and gradient stores: every warp issues them).
+  loop once, on its work path (lane 0's staging and gradient stores: every warp issues them), with a loop nested in
+  it (N = 128: the column sum) taken Workload.inner_trips times.
 - Sequential kernels are a dependent chain per token: a block cannot start token t+1 before token t. Occupancy
   (registers, shared memory, threads, 32 blocks per SM) gives the blocks resident per SM, hence w warps per
   scheduler. Per token a scheduler issues the I instructions of each of its w warps: >= w * I cycles (ILP enough to
@@ -72,7 +73,7 @@ class Workload:
     cuda_blocks: int = 0    # CUDA blocks where its grid differs from Triton's (0: blocks)
     chunk: int = 0          # > 0: the recurrence steps this many tokens per iteration of the kernel's outer loop
     inner_trips: int = 0    # iterations per chunk (chunked) or per token (sequential) of each loop nested in that loop
-    cuda_token_loops: tuple = ()  # CUDA, sequential: per innermost loop (address order), (work, lean) trips per token
+    cuda_token_loops: tuple = ()  # CUDA, sequential: per token loop (address order), (work, lean) trips per token
     cuda_scratch_per_block: int = 0  # CUDA: scratch bytes a block keeps live (L2-resident if all resident blocks' fit)
 
 
@@ -110,6 +111,9 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
                     cuda_threads=n * (2 if n == 32 else 4) if backward else n * (2 if n == 64 else 1),
                     triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     cuda_token_loops=((storing, recompute - storing), (1, 0)) if backward else (),
+                    # The CUDA N = 128 backward's column sum (32 columns per lane, unrolled by 16) is a loop in its
+                    # adjoint loop.
+                    inner_trips=2 if backward and n == 128 else 0,
                     cuda_scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)
 
 
@@ -210,13 +214,6 @@ def token_iteration(kernel, workload: Workload) -> Path:
     and the outer loops nested in another outer loop (a token loop around loops that run within each token), the
     latter with each loop nested in it taken workload.inner_trips times; the outermost loops step over chunks of
     tokens and are not counted. A CUDA kernel whose workload names its token loops' trips takes those instead."""
-    if kernel.twin == "cuda" and workload.cuda_token_loops:
-        loops = sorted(kernel.loops, key=lambda loop: loop.address)
-        if len(loops) != len(workload.cuda_token_loops):
-            raise LookupError(f"{kernel.key}: {len(loops)} innermost loops, the model names "
-                              f"{len(workload.cuda_token_loops)}; update tools/static_report/model.py")
-        return sum((_times(loop.work, work) + _times(loop.lean, lean)
-                    for loop, (work, lean) in zip(loops, workload.cuda_token_loops)), start=Path())
     outer = kernel.outer_loops
     nested = [loop for loop in outer
               if any({id(i) for i in loop.inner} < {id(i) for i in other.inner} for other in outer)]
@@ -224,9 +221,20 @@ def token_iteration(kernel, workload: Workload) -> Path:
         raise LookupError(f"{kernel.key}: loops nested in its token loop but no Workload.inner_trips; update "
                           "tools/static_report/model.py to the kernel as it is now")
     inside = {id(i) for loop in nested for i in loop.inner}
-    path = sum((loop.lean + _times(sum((i.lean for i in loop.inner), start=Path()), workload.inner_trips - 1)
-                for loop in nested), start=Path())
-    return path + sum((loop.lean for loop in kernel.loops if id(loop) not in inside), start=Path())
+    token_loops = sorted(nested + [loop for loop in kernel.loops if id(loop) not in inside],
+                         key=lambda loop: loop.address)
+
+    def taken(loop, path: str) -> Path:  # one iteration ("work" or "lean"), each loop nested in it inner_trips times
+        return getattr(loop, path) + _times(sum((getattr(i, path) for i in loop.inner), start=Path()),
+                                            workload.inner_trips - 1)
+
+    if kernel.twin == "cuda" and workload.cuda_token_loops:
+        if len(token_loops) != len(workload.cuda_token_loops):
+            raise LookupError(f"{kernel.key}: {len(token_loops)} token loops, the model names "
+                              f"{len(workload.cuda_token_loops)}; update tools/static_report/model.py")
+        return sum((_times(taken(loop, "work"), work) + _times(taken(loop, "lean"), lean)
+                    for loop, (work, lean) in zip(token_loops, workload.cuda_token_loops)), start=Path())
+    return sum((taken(loop, "lean") for loop in token_loops), start=Path())
 
 
 def _times(path: Path, count: float) -> Path:
