@@ -58,7 +58,7 @@ inline int64_t wkv7_backward_scratch_elems(int64_t n_seqs, int64_t heads, int64_
 }
 
 // Each returns the launch status. Instantiated for N = 32, 64, 128 (a state row lives in the registers of one to
-// eight threads: at 256 the forward's row and the backward's two rows of G would spill, so that head size runs on
+// four threads: at 256 the forward's row and the backward's two rows of G would spill, so that head size runs on
 // the triton and cpu twins) and for each DecayStorage (one .cu per pair, so that builds parallelise): kIO for
 // fp32/fp16/bf16 I/O, kFloat32 for fp16/bf16 I/O.
 template <int N, wkv7::DecayStorage W>
