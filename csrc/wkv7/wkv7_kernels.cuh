@@ -180,9 +180,10 @@ __device__ __forceinline__ TokenInputs load_token(int64_t idx, const io_t* r, co
           wkv7::load<P>(v[idx]), wkv7::load<P>(a[idx]), wkv7::load<P>(b[idx])};
 }
 
-// The forward (ForwardLanes: lane 0 of row i loads and stages element i of the inputs and stores y_i). Token q's
-// inputs are loaded while token q-1 is computed (their DRAM latency leaves the per-token chain), staged into one of
-// two shared buffers (one barrier per token), and the row sums run as independent partial chains (lane_step).
+// The forward (ForwardLanes; thread e < N loads and stages element e of the inputs, lane 0 of row i stores y_i).
+// Token q's inputs are loaded while token q-1 is computed (their DRAM latency leaves the per-token chain), staged
+// into one of two shared buffers (one barrier per token), and the row sums run as independent partial chains
+// (lane_step).
 template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kMinBlocks)
     forward_kernel(const Wkv7ForwardParams p) {
@@ -190,7 +191,9 @@ __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kM
   const Task t = task_of(p.size);
   const Decay decay = static_cast<Decay>(p.size.decay);
   const int i = threadIdx.x / Lanes::kLanes, lane = threadIdx.x % Lanes::kLanes;
-  const bool stager = lane == 0;
+  // The stagers are the first N / 32 warps, whole, so that the other warps skip their branches.
+  const int e = threadIdx.x;
+  const bool stager = e < N;
   const io_t* r = static_cast<const io_t*>(p.r);
   const w_t* w = static_cast<const w_t*>(p.w);
   const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
@@ -200,27 +203,27 @@ __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kM
   float row[Lanes::kCols];
   load_initial_row<Lanes>(p.initial_state, t, i, lane, row);
   TokenInputs next{};
-  if (stager && t.start < t.end) next = load_token<P>(token_index(p.size, t, t.start, N) + i, r, w, k, v, a, b);
+  if (stager && t.start < t.end) next = load_token<P>(token_index(p.size, t, t.start, N) + e, r, w, k, v, a, b);
   for (int64_t q = t.start; q < t.end; ++q) {
     if (p.checkpoints != nullptr && q % kCheckpointEvery == 0) {
       float* slot = checkpoint_slot<N>(p.checkpoints, p.size, t, q);
 #pragma unroll
       for (int m = 0; m < Lanes::kCols; ++m) slot[Lanes::col(lane, m) * N + i] = row[m];  // transposed: coalesced
     }
-    const int64_t idx = token_index(p.size, t, q, N) + i;
+    const int64_t token = token_index(p.size, t, q, N);
     const int buf = int(q - t.start) & 1;
     if (stager) {
-      r_[buf][i] = next.r;
-      d_[buf][i] = wkv7::decay_of(next.w, decay);
-      k_[buf][i] = next.k;
-      v_[buf][i] = next.v;
-      a_[buf][i] = next.a;
-      b_[buf][i] = next.b;
+      r_[buf][e] = next.r;
+      d_[buf][e] = wkv7::decay_of(next.w, decay);
+      k_[buf][e] = next.k;
+      v_[buf][e] = next.v;
+      a_[buf][e] = next.a;
+      b_[buf][e] = next.b;
     }
     __syncthreads();  // token q is staged, and every thread is past token q - 2, this buffer's last reader
-    if (stager && q + 1 < t.end) next = load_token<P>(idx + p.size.heads * N, r, w, k, v, a, b);
+    if (stager && q + 1 < t.end) next = load_token<P>(token + p.size.heads * N + e, r, w, k, v, a, b);
     const float yi = lane_step<Lanes>(row, r_[buf], d_[buf], k_[buf], a_[buf], b_[buf], v_[buf][i], lane);
-    if (stager) y[idx] = wkv7::store<io_t, P>(yi);
+    if (lane == 0) y[token + i] = wkv7::store<io_t, P>(yi);
   }
   store_row<Lanes>(p.final_state + t.task * int64_t(N) * N, i, lane, row);
 }
@@ -243,7 +246,9 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
   const Task t = task_of(p.size);
   const Decay decay = static_cast<Decay>(p.size.decay);
   const int i = threadIdx.x / Lanes::kLanes, lane = threadIdx.x % Lanes::kLanes;
-  const bool stager = lane == 0;
+  // The stagers are the first N / 32 warps, whole, so that the other warps skip their branches.
+  const int e = threadIdx.x;
+  const bool stager = e < N;
   constexpr int64_t kNN = int64_t(N) * N;
   const io_t* r = static_cast<const io_t*>(p.r);
   const w_t* w = static_cast<const w_t*>(p.w);
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
   w_t* gw = static_cast<w_t*>(p.grad_w);
   io_t *gk = static_cast<io_t*>(p.grad_k), *gv = static_cast<io_t*>(p.grad_v);
   io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
-  __shared__ __align__(16) float r_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
+  __shared__ __align__(16) float r_[N], w_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
   constexpr int kSubChunk = wkv7_backward_sub_chunk(N);
   __shared__ __align__(16) float sa_[kSubChunk][N];
   float* states = p.scratch + t.task * (kSubChunk + 1) * kNN;  // states[l][i][j] = S_{q+sub+l-1}[i][j]
@@ -283,35 +288,35 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
         __syncthreads();  // the previous sub-chunk's readers of states and sa_ are done
         if (sub == 0) store_row<Lanes>(states, i, lane, row);
         for (int l = 0; l < sub_end; ++l) {
-          const int64_t idx = token_index(p.size, t, q + l, N) + i;
+          const int64_t idx = token_index(p.size, t, q + l, N) + e;
           __syncthreads();  // the previous token's readers are done
           if (stager) {
-            a_[i] = wkv7::load<P>(a[idx]);
-            b_[i] = wkv7::load<P>(b[idx]);
-            k_[i] = wkv7::load<P>(k[idx]);
-            v_[i] = wkv7::load<P>(v[idx]);
-            d_[i] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
+            a_[e] = wkv7::load<P>(a[idx]);
+            b_[e] = wkv7::load<P>(b[idx]);
+            k_[e] = wkv7::load<P>(k[idx]);
+            v_[e] = wkv7::load<P>(v[idx]);
+            d_[e] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
           }
           __syncthreads();
           const float sa = row_dot<Lanes>(row, a_, lane);
           lane_update<Lanes>(row, d_, k_, b_, sa, v_[i], lane);
-          if (stager && l >= sub) sa_[l - sub][i] = sa;
+          if (lane == 0 && l >= sub) sa_[l - sub][i] = sa;
           if (l + 1 >= sub) store_row<Lanes>(states + (l + 1 - sub) * kNN, i, lane, row);
         }
       }
       for (int l = sub_end - 1; l >= sub; --l) {
-        const int64_t idx = token_index(p.size, t, q + l, N) + i;
-        float w_i = 0.f;
+        const int64_t token = token_index(p.size, t, q + l, N);
         __syncthreads();  // the recompute's (or the previous step's) readers are done; its writes are visible
         if (stager) {
-          w_i = load_w<P, io_t>(w, idx);
-          d_[i] = wkv7::decay_of(w_i, decay);
-          r_[i] = wkv7::load<P>(r[idx]);
-          k_[i] = wkv7::load<P>(k[idx]);
-          v_[i] = wkv7::load<P>(v[idx]);
-          a_[i] = wkv7::load<P>(a[idx]);
-          b_[i] = wkv7::load<P>(b[idx]);
-          dy_[i] = wkv7::load<P>(gy[idx]);
+          const int64_t idx = token + e;
+          w_[e] = load_w<P, io_t>(w, idx);
+          d_[e] = wkv7::decay_of(w_[e], decay);
+          r_[e] = wkv7::load<P>(r[idx]);
+          k_[e] = wkv7::load<P>(k[idx]);
+          v_[e] = wkv7::load<P>(v[idx]);
+          a_[e] = wkv7::load<P>(a[idx]);
+          b_[e] = wkv7::load<P>(b[idx]);
+          dy_[e] = wkv7::load<P>(gy[idx]);
         }
         __syncthreads();
         const float* prev_col = states + (l - sub) * kNN + i;  // S_{t-1}[j][i] = prev_col[j * N]
@@ -328,7 +333,8 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
         const float dk_i = row_dot<Lanes>(g_col, v_, lane);
         const float db_i = row_dot<Lanes>(g_col, sa_[l - sub], lane);
         const float dr_i = column_dot<Lanes>(cur_col, dy_, lane);
-        if (stager) {
+        if (lane == 0) {
+          const int64_t idx = token + i;
           dsa_[i] = dsa_i;
           gr[idx] = wkv7::store<io_t, P>(dr_i);
           gk[idx] = wkv7::store<io_t, P>(dk_i);
@@ -343,8 +349,9 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
           g_row[m] = fmaf(dsa_i, a_[j], g_row[m] * d_[j]);
           g_col[m] = fmaf(dsa_[j], a_i, g_col[m] * d_i);
         }
-        if (stager) {
-          gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_da.x * d_i * wkv7::log_decay_grad(w_i, decay));
+        if (lane == 0) {
+          const int64_t idx = token + i;
+          gw[idx] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(dd_da.x * d_i * wkv7::log_decay_grad(w_[i], decay));
           ga[idx] = wkv7::store<io_t, P>(dd_da.y);
         }
       }
