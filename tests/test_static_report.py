@@ -169,7 +169,8 @@ def test_device_conversions_are_single_instructions():
 
 def test_cuda_token_loop_with_a_nested_loop_counts_its_trips():
     """The CUDA WKV7 N = 128 backward's adjoint loop holds its column-sum loop: the model counts the adjoint loop's
-    body once per token and the nested loop Workload.inner_trips times, beside the recompute loop's named trips."""
+    body once per token and the nested loop Workload.inner_trips times, beside the recompute loop's named trips, and
+    the staging branch in the share of warps that run it."""
     from tools.static_report import model
 
     def loop(address, work, lean, inner=()):
@@ -183,6 +184,10 @@ def test_cuda_token_loop_with_a_nested_loop_counts_its_trips():
     workload = model.Workload("w", "token-head", 1, 0, 0, 1, tokens=16, cuda_token_loops=((1.5, 1.0), (1, 0)),
                               inner_trips=2)
     assert model.token_iteration(kernel, workload).instructions == 1.5 * 10 + 1.0 * 8 + (40 + 5)
+    # The staging branch no path takes (a body of 16 static instructions, 10 on the work path), in half the warps.
+    recompute.instructions = 16
+    staged = dataclasses.replace(workload, cuda_staging_share=0.5)
+    assert model.token_iteration(kernel, staged).instructions == 1.5 * 10 + 1.0 * 8 + (40 + 5) + 2.5 * 6 * 0.5
     with pytest.raises(LookupError, match="inner_trips"):
         model.token_iteration(kernel, dataclasses.replace(workload, inner_trips=0))
     with pytest.raises(LookupError, match="2 token loops, the model names 1"):

@@ -18,8 +18,11 @@ The model (stated in the report too):
   left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The CUDA
   backward names its token loops' trips per token instead (Workload.cuda_token_loops): its recompute loop runs 1.5
   (2.5 at N = 128) times per token, storing a state on (k + 1) / k of them (sub-chunks of k tokens), and its adjoint
-  loop once, on its work path (lane 0's staging and gradient stores: every warp issues them), with a loop nested in
-  it (N = 128: the column sum) taken Workload.inner_trips times.
+  loop once, on its work path (lane 0's gradient stores: every warp issues them), with a loop nested in it
+  (N = 128: the column sum) taken Workload.inner_trips times. The CUDA sequential kernels' token loops also run a
+  branch that no path takes (no global store): threads 0..N-1 stage each token's inputs in shared memory. Its
+  instructions (the loop body's static count less the work path's) are added in the share of warps that issue it
+  (Workload.cuda_staging_share: N / threads).
 - Sequential kernels are a dependent chain per token: a block cannot start token t+1 before token t. Occupancy
   (registers, shared memory, threads, 32 blocks per SM) gives the blocks resident per SM, hence w warps per
   scheduler. Per token a scheduler issues the I instructions of each of its w warps: >= w * I cycles (ILP enough to
@@ -75,6 +78,9 @@ class Workload:
     inner_trips: int = 0    # iterations per chunk (chunked) or per token (sequential) of each loop nested in that loop
     cuda_token_loops: tuple = ()  # CUDA, sequential: per token loop (address order), (work, lean) trips per token
     cuda_scratch_per_block: int = 0  # CUDA: scratch bytes a block keeps live (L2-resident if all resident blocks' fit)
+    # CUDA, sequential: the share of a block's warps that also issue what its token loops' work path leaves out (the
+    # branch of the threads that stage each token's inputs in shared memory: no global store, so no path takes it).
+    cuda_staging_share: float = 0.0
 
 
 def _rope() -> Workload:
@@ -106,9 +112,10 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     sub = 4 if n >= 128 else 8
     recompute = sum(range(sub, CHECKPOINT_EVERY + 1, sub)) / CHECKPOINT_EVERY  # iterations per token
     storing = (sub + 1) / sub
+    threads = n * (2 if n == 32 else 4) if backward else n * (2 if n == 64 else 1)
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
                     b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
-                    cuda_threads=n * (2 if n == 32 else 4) if backward else n * (2 if n == 64 else 1),
+                    cuda_threads=threads, cuda_staging_share=n / threads,  # threads 0..n-1 stage
                     triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     cuda_token_loops=((storing, recompute - storing), (1, 0)) if backward else (),
                     # The CUDA N = 128 backward's column sum (32 columns per lane, unrolled by 16) is a loop in its
@@ -228,13 +235,17 @@ def token_iteration(kernel, workload: Workload) -> Path:
         return getattr(loop, path) + _times(sum((getattr(i, path) for i in loop.inner), start=Path()),
                                             workload.inner_trips - 1)
 
+    def staging(loop, trips: float) -> Path:  # the branches the work path leaves out, in the staging warps
+        return Path(instructions=(loop.instructions - loop.work.instructions) * workload.cuda_staging_share * trips)
+
     if kernel.twin == "cuda" and workload.cuda_token_loops:
         if len(token_loops) != len(workload.cuda_token_loops):
             raise LookupError(f"{kernel.key}: {len(token_loops)} token loops, the model names "
                               f"{len(workload.cuda_token_loops)}; update tools/static_report/model.py")
-        return sum((_times(taken(loop, "work"), work) + _times(taken(loop, "lean"), lean)
+        return sum((_times(taken(loop, "work"), work) + _times(taken(loop, "lean"), lean) + staging(loop, work + lean)
                     for loop, (work, lean) in zip(token_loops, workload.cuda_token_loops)), start=Path())
-    return sum((taken(loop, "lean") for loop in token_loops), start=Path())
+    return sum((taken(loop, "lean") + (staging(loop, 1) if kernel.twin == "cuda" else Path())
+                for loop in token_loops), start=Path())
 
 
 def _times(path: Path, count: float) -> Path:
