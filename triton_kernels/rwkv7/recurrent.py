@@ -3,10 +3,13 @@
 Per program the fp32 state S [N_v, N_k] (row i = value index, the RWKV-LM layout) lives in registers as one 2-D
 block, and each token is a few broadcasts and row/column reductions on it (no tl.dot, so no tensor-core rounding):
     d = decay(w); sa = S a; S = S * d[None, :] + sa b^T + v k^T; y = S r.
-The forward saves an fp32 checkpoint of S before every CHUNK-th token. The backward walks the chunks backwards: it
-recomputes the chunk's states from its checkpoint into a per-program scratch buffer (exactly the forward's
-arithmetic), then runs the adjoint recurrence token by token in reverse. No backstepping (dividing by the decay),
-so the backward is as precise as the forward for any decay.
+The forward saves an fp32 checkpoint of S before every CHUNK-th token. The backward walks the chunks backwards, and
+each chunk's sub-chunks of sub_chunk(N) tokens backwards: it recomputes the chunk from its checkpoint up to the
+sub-chunk's end, keeping the sub-chunk's states in a per-program scratch buffer (exactly the forward's arithmetic),
+then runs the sub-chunk's adjoint recurrence token by token in reverse. Sub-chunks cost 1.5 recompute steps per token
+(2.5 at N >= 128) and keep the scratch of every resident program within an H100's 50 MB L2, as the CUDA twin does
+(whole 16-token chunks streamed ~33 GB of scratch through DRAM at B8 T4096 H64 N64). No backstepping (dividing by the
+decay), so the backward is as precise as the forward for any decay.
 
 Precision: the state, the decay, sa and every sum are fp32 always (the decay can be within 1e-3 of 1, where bf16
 cannot tell d from 1). LOW_PRECISION (the RWKV-LM bf16 mode) rounds the inputs to bf16 on load and y and the input
@@ -26,6 +29,11 @@ DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
 # Enough threads that the N x N fp32 blocks (three in the backward) mostly fit in registers.
 NUM_WARPS = {32: 2, 64: 4, 128: 8, 256: 16}
+
+
+def sub_chunk(n: int) -> int:
+    """The backward's sub-chunk length at head size n (the CUDA twin's wkv7_backward_sub_chunk)."""
+    return 4 if n >= 128 else 8
 
 
 def checkpoint_slots(tokens: int, n_seqs: int) -> int:
@@ -152,31 +160,36 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
 @triton.jit
 def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
                      dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
-                     N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
-                     HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+                     N: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, DECAY: tl.constexpr,
+                     LOW_PRECISION: tl.constexpr, HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
     n, h, bos, eos, offs, mat = _program(cu_ptr, T, H, N, VARLEN)
     state_at = (n * H + h) * N * N + mat
     # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
     dS = _load_state(gsT_ptr, state_at, HAS_GST, N)
-    scratch = scratch_ptr + (n * H + h) * CHUNK * N * N + mat
+    scratch = scratch_ptr + (n * H + h) * SUB * N * N + mat
     slot0 = bos // CHUNK + n
-    n_chunks = tl.cdiv(eos - bos, CHUNK)
-    for cc in range(0, n_chunks):
-        c = n_chunks - 1 - cc
+    n_subs = tl.cdiv(eos - bos, SUB)
+    for jj in range(0, n_subs):
+        # Sub-chunk j: tokens [s0, s1), in chunk c (CHUNK is a multiple of SUB), latest first.
+        j = n_subs - 1 - jj
+        s0 = bos + j * SUB
+        s1 = tl.minimum(s0 + SUB, eos)
+        c = j // (CHUNK // SUB)
         t0 = bos + c * CHUNK
-        t1 = tl.minimum(t0 + CHUNK, eos)
-        # Recompute the states before each token of the chunk (same arithmetic as the forward).
+        # Recompute the chunk up to the sub-chunk's end (same arithmetic as the forward), keeping the states before
+        # each of the sub-chunk's tokens.
         S = tl.load(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat)
-        for t in range(t0, t1):
-            tl.store(scratch + (t - t0) * N * N, S)
+        for t in range(t0, s1):
+            tl.store(scratch + (t - s0) * N * N, S, mask=t >= s0)
             S, _, _, _, _, _, _, _ = _token(S, (t * H + h) * N + offs, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
                                             LOW_PRECISION)
         tl.debug_barrier()
-        for tt in range(0, t1 - t0):
-            t = t1 - 1 - tt
-            prev = tl.load(scratch + (t - t0) * N * N)
+        for tt in range(0, s1 - s0):
+            t = s1 - 1 - tt
+            prev = tl.load(scratch + (t - s0) * N * N)
             vec = (t * H + h) * N + offs
-            S, sa, d, dlog, k, v, a, b = _token(prev, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
+            S, sa, d, dlog, k, v, a, b = _token(prev, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+                                                LOW_PRECISION)
             r = _load_in(r_ptr, vec, LOW_PRECISION)
             gy = tl.load(gy_ptr + vec).to(tl.float32)
             dS += gy[:, None] * r[None, :]
@@ -188,7 +201,7 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             _store_out(da_ptr, vec, tl.sum(prev * dsa[:, None], axis=0), LOW_PRECISION)
             _store_out(dw_ptr, vec, tl.sum(dS * prev, axis=0) * d * dlog, LOW_PRECISION)
             dS = dS * d[None, :] + dsa[:, None] * a[None, :]
-        # The next chunk's recompute overwrites the scratch rows read above.
+        # The next sub-chunk's recompute overwrites the scratch rows read above.
         tl.debug_barrier()
     tl.store(ds0_ptr + state_at, dS)
 
@@ -217,9 +230,9 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     n_seqs = grad_initial.shape[0]
     if n_seqs * heads == 0:
         return
-    scratch = r.new_empty((n_seqs, heads, CHUNK, n, n), dtype=checkpoints.dtype)
+    scratch = r.new_empty((n_seqs, heads, sub_chunk(n), n, n), dtype=checkpoints.dtype)
     _wkv7_bwd_kernel[launch_grid(n_seqs, heads)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
         grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
-        N=n, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, HAS_GST=grad_final is not None,
-        VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS[n])
+        N=n, CHUNK=CHUNK, SUB=sub_chunk(n), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
+        HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS[n])
