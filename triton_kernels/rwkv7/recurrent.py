@@ -180,7 +180,8 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
         # each of the sub-chunk's tokens.
         S = tl.load(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat)
         for t in range(t0, s1):
-            tl.store(scratch + (t - s0) * N * N, S, mask=t >= s0)
+            if t >= s0:
+                tl.store(scratch + (t - s0) * N * N, S)
             S, _, _, _, _, _, _, _ = _token(S, (t * H + h) * N + offs, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
                                             LOW_PRECISION)
         tl.debug_barrier()
