@@ -5,7 +5,7 @@ The model (stated in the report too):
   input read once, each output written once, plus the fp32 state checkpoints the WKV7 forward writes and the
   backward reads, one per 16 tokens), plus twice any scratch the SASS stores beyond the outputs (written once, read
   back once; at these shapes it outgrows the 50 MB L2), unless the scratch that the resident blocks keep live fits
-  the L2 (Workload.cuda_scratch_per_block: the CUDA WKV7 backward's sub-chunk states). Loads that lanes repeat are
+  the L2 (Workload.scratch_per_block: the WKV7 backwards' sub-chunk states). Loads that lanes repeat are
   assumed served by L1/L2.
 - Issue: thread instructions / 32 lanes / (132 SMs x 4 schedulers x 1 warp-instruction per cycle x 1.755 GHz),
   i.e. every instruction costs one issue slot (no dual issue, no stalls beyond the rate).
@@ -15,14 +15,15 @@ The model (stated in the report too):
   the output needs. Sequential kernels (WKV7 forward/backward): per token, one iteration of every token loop
   (the forward's token loop, the backward's recompute and adjoint loops; loops nested in them taken as many times
   as they run per token, Workload.inner_trips), on its lean path (the forward's every-16th-token checkpoint store
-  left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The CUDA
-  backward names its token loops' trips per token instead (Workload.cuda_token_loops): its recompute loop runs 1.5
-  (2.5 at N = 128) times per token, storing a state on (k + 1) / k of them (sub-chunks of k tokens), and its adjoint
-  loop once, on its work path (lane 0's gradient stores: every warp issues them), with a loop nested in it
-  (N = 128: the column sum) taken Workload.inner_trips times. The CUDA sequential kernels' token loops also run a
-  branch that no path takes (no global store): threads 0..N-1 stage each token's inputs in shared memory. Its
-  instructions (the loop body's static count less the work path's) are added in the share of warps that issue it
-  (Workload.cuda_staging_share: N / threads).
+  left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The
+  backwards name their token loops' trips per token instead (Workload.cuda_token_loops, triton_token_loops): the
+  recompute loop runs 1.5 (2.5 at N = 128) times per token, storing a state on (k + 1) / k of them in CUDA, 1 in
+  Triton (sub-chunks of k tokens), and the adjoint loop once, in CUDA on its work path (lane 0's gradient stores:
+  every warp issues them), with a loop nested in it (N = 128: the column sum) taken Workload.inner_trips times.
+  (Triton predicates that state store, so its scratch column reads 0: the L2 rule above is what leaves it out of
+  the DRAM bytes.) The CUDA sequential kernels' token loops also run a branch that no path takes (no global store):
+  threads 0..N-1 stage each token's inputs in shared memory. Its instructions (the loop body's static count less
+  the work path's) are added in the share of warps that issue it (Workload.cuda_staging_share: N / threads).
 - Sequential kernels are a dependent chain per token: a block cannot start token t+1 before token t. Occupancy
   (registers, shared memory, threads, 32 blocks per SM) gives the blocks resident per SM, hence w warps per
   scheduler. Per token a scheduler issues the I instructions of each of its w warps: >= w * I cycles (ILP enough to
@@ -77,7 +78,8 @@ class Workload:
     chunk: int = 0          # > 0: the recurrence steps this many tokens per iteration of the kernel's outer loop
     inner_trips: int = 0    # iterations per chunk (chunked) or per token (sequential) of each loop nested in that loop
     cuda_token_loops: tuple = ()  # CUDA, sequential: per token loop (address order), (work, lean) trips per token
-    cuda_scratch_per_block: int = 0  # CUDA: scratch bytes a block keeps live (L2-resident if all resident blocks' fit)
+    triton_token_loops: tuple = ()  # the same for the Triton kernel
+    scratch_per_block: int = 0  # scratch bytes a block keeps live (L2-resident if all resident blocks' fit)
     # CUDA, sequential: the share of a block's warps that also issue what its token loops' work path leaves out (the
     # branch of the threads that stage each token's inputs in shared memory: no global store, so no path takes it).
     cuda_staging_share: float = 0.0
@@ -118,10 +120,13 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
                     cuda_threads=threads, cuda_staging_share=n / threads,  # threads 0..n-1 stage
                     triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     cuda_token_loops=((storing, recompute - storing), (1, 0)) if backward else (),
+                    # Triton's recompute stores the state before each of the sub-chunk's tokens (1 per token), and
+                    # its adjoint recomputes S_t from S_{t-1} instead of keeping it.
+                    triton_token_loops=((1, recompute - 1), (0, 1)) if backward else (),
                     # The CUDA N = 128 backward's column sum (32 columns per lane, unrolled by 16) is a loop in its
                     # adjoint loop.
                     inner_trips=2 if backward and n == 128 else 0,
-                    cuda_scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)
+                    scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)  # CUDA's k + 1 states, Triton's k
 
 
 def _wkv7_chunked(heads: int, n: int) -> Workload:
@@ -220,7 +225,7 @@ def token_iteration(kernel, workload: Workload) -> Path:
     """One token of a sequential kernel on its lean path. The loops that run once per token are the innermost loops
     and the outer loops nested in another outer loop (a token loop around loops that run within each token), the
     latter with each loop nested in it taken workload.inner_trips times; the outermost loops step over chunks of
-    tokens and are not counted. A CUDA kernel whose workload names its token loops' trips takes those instead."""
+    tokens and are not counted. A kernel whose workload names its token loops' trips takes those instead."""
     outer = kernel.outer_loops
     nested = [loop for loop in outer
               if any({id(i) for i in loop.inner} < {id(i) for i in other.inner} for other in outer)]
@@ -238,12 +243,14 @@ def token_iteration(kernel, workload: Workload) -> Path:
     def staging(loop, trips: float) -> Path:  # the branches the work path leaves out, in the staging warps
         return Path(instructions=(loop.instructions - loop.work.instructions) * workload.cuda_staging_share * trips)
 
-    if kernel.twin == "cuda" and workload.cuda_token_loops:
-        if len(token_loops) != len(workload.cuda_token_loops):
-            raise LookupError(f"{kernel.key}: {len(token_loops)} token loops, the model names "
-                              f"{len(workload.cuda_token_loops)}; update tools/static_report/model.py")
-        return sum((_times(taken(loop, "work"), work) + _times(taken(loop, "lean"), lean) + staging(loop, work + lean)
-                    for loop, (work, lean) in zip(token_loops, workload.cuda_token_loops)), start=Path())
+    named = workload.cuda_token_loops if kernel.twin == "cuda" else workload.triton_token_loops
+    if named:
+        if len(token_loops) != len(named):
+            raise LookupError(f"{kernel.key}: {len(token_loops)} token loops, the model names {len(named)}; update "
+                              "tools/static_report/model.py")
+        return sum((_times(taken(loop, "work"), work) + _times(taken(loop, "lean"), lean)
+                    + (staging(loop, work + lean) if kernel.twin == "cuda" else Path())
+                    for loop, (work, lean) in zip(token_loops, named)), start=Path())
     return sum((taken(loop, "lean") + (staging(loop, 1) if kernel.twin == "cuda" else Path())
                 for loop in token_loops), start=Path())
 
@@ -287,7 +294,7 @@ def predict(kernel, workload: Workload) -> Prediction:
         thread_instructions = (kernel.work.instructions + more * (hot.work.instructions if hot else 0)) \
             * blocks * threads
     floor = workload.read + workload.written
-    if kernel.twin == "cuda" and 0 < SMS * resident * workload.cuda_scratch_per_block <= L2_BYTES:
+    if 0 < SMS * resident * workload.scratch_per_block <= L2_BYTES:
         scratch_traffic = 0  # the scratch stays in L2
     else:
         scratch_traffic = 2 * scratch
