@@ -28,10 +28,11 @@ export ROPEWKV_EXPECT_GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 .PHONY: test demo setup build pytest cuda-check static-report parity clean
 
 # The compile checks run beside pytest, their output printed when both are done: pytest leaves a core mostly idle (the
-# Triton interpreter is one Python thread), and CI's 2 cores are what bounds its time.
+# Triton interpreter is one Python thread), and CI's 2 cores are what bounds its time. CI allows 30 minutes (~27 used
+# on 2026-11-26): the slowest tests are listed at the end.
 test: build
 	@$(CHECKS) >$(BUILD)/checks.log 2>&1 & checks=$$!; \
-	$(TEST_ENV) $(PY) -m pytest tests -q; tests=$$?; \
+	$(TEST_ENV) $(PY) -m pytest tests -q --durations=15; tests=$$?; \
 	wait $$checks; compile=$$?; cat $(BUILD)/checks.log; \
 	echo "make test: pytest exit $$tests, compile checks exit $$compile"; \
 	exit $$(( tests || compile ))
