@@ -234,10 +234,10 @@ __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kM
 // at kSubChunk = 8, against 1 with whole chunks: the price of a scratch that stays in L2). Thread (i, p) keeps its
 // columns (BackwardLanes) of row i of G (for dv, dsa) and of column i of G (for dk, db, dd), as RWKV-LM keeps whole
 // ones, so that every sum is a per-thread loop plus log2(kLanes) shuffles. The scratch is row-major: the recompute
-// stores rows (each row's lanes adjacent 16-byte quads), the adjoint reads three columns per token, coalesced.
-// (Transposed, as before the H100 run of 2026-11-26, each column read had the lanes 4 N bytes apart, one 32-byte L2
-// sector per 4-byte load: ~0.8 TB of L2 traffic at B8 T4096 H64 N64, 124 ms measured.) Lane 0 of row i stages
-// element i of each token's inputs in shared memory and stores element i of the gradients.
+// stores rows (each row's lanes adjacent 16-byte quads), the adjoint reads two columns per token (S_t's, S_{t-1}'s),
+// coalesced. (Transposed, as before the H100 run of 2026-11-26, each column read had the lanes 4 N bytes apart, one
+// 32-byte L2 sector per 4-byte load: ~0.8 TB of L2 traffic at B8 T4096 H64 N64, 124 ms measured.) Thread e < N
+// stages element e of each token's inputs in shared memory; lane 0 of row i stores element i of the gradients.
 template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::kMinBlocks)
     backward_kernel(const Wkv7BackwardParams p) {
