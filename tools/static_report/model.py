@@ -100,8 +100,8 @@ def _rope() -> Workload:
 def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     """The sequential WKV7 kernels. The CUDA forward (csrc/wkv7/wkv7_kernels.cuh) runs 2 lanes per state row at
     n = 64, else one (ForwardLanes); the backward 2 at n = 32, else 4 (BackwardLanes), and it recomputes each
-    16-token chunk in sub-chunks of k = 8 tokens (4 at n = 128: wkv7_backward_sub_chunk), keeping k + 1 states per
-    block."""
+    16-token chunk in sub-chunks of k = 8 tokens (4 at n = 128: wkv7_backward_sub_chunk, the Triton twin's
+    sub_chunk), keeping k + 1 states per block (Triton: k)."""
     b, t = 8, 4096
     tensor = b * t * heads * n * 2  # one bf16 [B, T, H, N]
     checkpoints = t // CHECKPOINT_EVERY * b * heads * n * n * 4
@@ -240,19 +240,19 @@ def token_iteration(kernel, workload: Workload) -> Path:
         return getattr(loop, path) + _times(sum((getattr(i, path) for i in loop.inner), start=Path()),
                                             workload.inner_trips - 1)
 
+    share = workload.cuda_staging_share if kernel.twin == "cuda" else 0.0
+
     def staging(loop, trips: float) -> Path:  # the branches the work path leaves out, in the staging warps
-        return Path(instructions=(loop.instructions - loop.work.instructions) * workload.cuda_staging_share * trips)
+        return Path(instructions=(loop.instructions - loop.work.instructions) * share * trips)
 
     named = workload.cuda_token_loops if kernel.twin == "cuda" else workload.triton_token_loops
     if named:
         if len(token_loops) != len(named):
             raise LookupError(f"{kernel.key}: {len(token_loops)} token loops, the model names {len(named)}; update "
                               "tools/static_report/model.py")
-        return sum((_times(taken(loop, "work"), work) + _times(taken(loop, "lean"), lean)
-                    + (staging(loop, work + lean) if kernel.twin == "cuda" else Path())
+        return sum((_times(taken(loop, "work"), work) + _times(taken(loop, "lean"), lean) + staging(loop, work + lean)
                     for loop, (work, lean) in zip(token_loops, named)), start=Path())
-    return sum((taken(loop, "lean") + (staging(loop, 1) if kernel.twin == "cuda" else Path())
-                for loop in token_loops), start=Path())
+    return sum((taken(loop, "lean") + staging(loop, 1) for loop in token_loops), start=Path())
 
 
 def _times(path: Path, count: float) -> Path:
