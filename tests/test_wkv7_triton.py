@@ -115,6 +115,18 @@ def test_head_sizes(device, n):
     check_against_reference(inputs, "raw", seed=6)
 
 
+@pytest.mark.parametrize("n, precision", [(128, "fp32"), (256, "bf16")])
+def test_state_rows_split_over_programs(device, n, precision):
+    """At N >= 128 a program holds a block of the state's rows and the key-indexed gradients are summed over the
+    blocks afterwards: two heads and packed sequences (one empty, one crossing sub-chunks and a chunk) check that
+    every block reads and writes its own rows of its own head and token, and bf16 mode the sums' final rounding."""
+    lengths = [6, 0, 19]
+    cu_seqlens = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(device)
+    inputs = _inputs(device, 1, sum(lengths), 2, n, torch.float32, "loglog", seed=40, initial_state=False)
+    inputs["initial_state"] = torch.randn(len(lengths), 2, n, n, generator=seeded(41)).to(device)
+    check_against_reference(inputs, "loglog", precision, cu_seqlens=cu_seqlens, seed=42)
+
+
 @pytest.mark.parametrize("index_dtype, initial_state", [(torch.int32, True), (torch.int64, False)])
 def test_varlen_uneven(device, index_dtype, initial_state):
     lengths = [5, 1, 0, 17, 16]  # a length-1 and an empty sequence, chunk boundaries crossed and hit exactly

@@ -78,6 +78,7 @@ def cuda_kernels(root: str, source: str) -> list[Kernel]:
 class TritonCase:
     launch: Callable[[], None]  # calls one launcher once (with torch imported and TRITON_INTERPRET unset)
     sixteen_byte: bool = False  # a RoPE kernel: its hot loop must move 16-byte vectors
+    kernel: int = 0             # which of the launcher's kernel launches (in launch order) this entry is
 
 
 def _rope(interleaved=False, tables=False, mrope=False):
@@ -176,6 +177,8 @@ TRITON = {
     "wkv7 bwd N128 bf16": TritonCase(lambda: wkv7_launches(128, 32, backward=True)),
     "wkv7 fwd N256 bf16": TritonCase(lambda: wkv7_launches(256, 16)),
     "wkv7 bwd N256 bf16": TritonCase(lambda: wkv7_launches(256, 16, backward=True)),
+    # The backward's second kernel at N >= 128 (state rows split over programs): the key gradients' partial sums added.
+    "wkv7 bwd N128 combine bf16": TritonCase(lambda: wkv7_launches(128, 32, backward=True), kernel=1),
     "wkv7 decode N64 bf16": TritonCase(lambda: wkv7_launches(64, 64, tokens=1, with_state=True, save=False)),
     "wkv7 chunked fwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64)),
     "wkv7 chunked bwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True)),
@@ -198,12 +201,13 @@ SPILL_ALLOWED: dict = {}
 def triton_kernel(name: str) -> Kernel:
     from .triton_sm90 import captured_launches, compile_for_sm90
 
+    case = TRITON[name]
     with captured_launches() as launches:
-        TRITON[name].launch()
-    if len(launches) != 1:
-        raise RuntimeError(f"Triton case {name!r} launched {len(launches)} kernels, not one")
-    kernel = launches[0][0]
-    compiled, log = compile_for_sm90(*launches[0])
+        case.launch()
+    if len(launches) <= case.kernel:
+        raise RuntimeError(f"Triton case {name!r} launched {len(launches)} kernels, not {case.kernel + 1} or more")
+    kernel = launches[case.kernel][0]
+    compiled, log = compile_for_sm90(*launches[case.kernel])
     functions = sass.parse(cuda.disassemble(compiled.asm["cubin"]))
     resources = sass.ptxas_resources(log)[compiled.metadata.name]
     resources["shared"] = compiled.metadata.shared

@@ -80,6 +80,14 @@ class Workload:
     cuda_token_loops: tuple = ()  # CUDA, sequential: per token loop (address order), (work, lean) trips per token
     triton_token_loops: tuple = ()  # the same for the Triton kernel
     scratch_per_block: int = 0  # scratch bytes a block keeps live (L2-resident if all resident blocks' fit)
+    triton_blocks: int = 0  # Triton programs where its grid differs from CUDA's (0: blocks)
+    triton_scratch_per_block: int = 0  # the same for the Triton kernel (0: scratch_per_block)
+    # A Triton backward that splits the state's rows over programs: the fp32 partial sums of the key-indexed
+    # gradients it writes, and the bytes its second kernel (which adds them) reads (the partials, w again) and writes
+    # (five of the gradients: out of the first kernel's share of the floor, into its own).
+    triton_partials: int = 0
+    triton_combine_read: int = 0
+    triton_combine_written: int = 0
     # CUDA, sequential: the share of a block's warps that also issue what its token loops' work path leaves out (the
     # branch of the threads that stage each token's inputs in shared memory: no global store, so no path takes it).
     cuda_staging_share: float = 0.0
@@ -97,11 +105,13 @@ def _rope() -> Workload:
                     cuda_threads=128, cuda_blocks=b * s * units // 128, triton=("rope neox bf16", "rope gptj bf16"))
 
 
-def _wkv7(backward: bool, heads: int, n: int) -> Workload:
+def _wkv7(backward: bool, heads: int, n: int, cuda: bool = True) -> Workload:
     """The sequential WKV7 kernels. The CUDA forward (csrc/wkv7/wkv7_kernels.cuh) runs 2 lanes per state row at
     n = 64, else one (ForwardLanes); the backward 2 at n = 32, else 4 (BackwardLanes), and it recomputes each
-    16-token chunk in sub-chunks of k = 8 tokens (4 at n = 128: wkv7_backward_sub_chunk, the Triton twin's
-    sub_chunk), keeping k + 1 states per block (Triton: k)."""
+    16-token chunk in sub-chunks of k = 8 tokens (4 at n = 128: wkv7_backward_sub_chunk), keeping k + 1 states per
+    block. The Triton kernels' rows per program, warps and sub-chunk are read from their module."""
+    from ropewkv.triton_kernels.rwkv7 import recurrent
+
     b, t = 8, 4096
     tensor = b * t * heads * n * 2  # one bf16 [B, T, H, N]
     checkpoints = t // CHECKPOINT_EVERY * b * heads * n * n * 4
@@ -111,22 +121,34 @@ def _wkv7(backward: bool, heads: int, n: int) -> Workload:
     else:  # r w k v a b in; y, the checkpoints and the final state out
         read, written = 6 * tensor, tensor + checkpoints + state
     direction = "bwd" if backward else "fwd"
+
+    def recompute(sub):  # iterations per token of a backward's recompute loop with sub-chunks of sub tokens
+        return sum(range(sub, CHECKPOINT_EVERY + 1, sub)) / CHECKPOINT_EVERY
+
     sub = 4 if n >= 128 else 8
-    recompute = sum(range(sub, CHECKPOINT_EVERY + 1, sub)) / CHECKPOINT_EVERY  # iterations per token
     storing = (sub + 1) / sub
     threads = n * (2 if n == 32 else 4) if backward else n * (2 if n == 64 else 1)
+    rows = (recurrent.BWD_ROWS_AND_WARPS if backward else recurrent.FWD_ROWS_AND_WARPS)[n][0]
+    row_blocks = n // rows
+    split = backward and row_blocks > 1
+    partials = row_blocks * 5 * (tensor // 2) * 4 if split else 0
+    triton_sub = recurrent.SUB_CHUNK
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
-                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
-                    cuda_threads=threads, cuda_staging_share=n / threads,  # threads 0..n-1 stage
+                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",)
+                    if cuda else (), cuda_threads=threads, cuda_staging_share=n / threads,  # threads 0..n-1 stage
                     triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
-                    cuda_token_loops=((storing, recompute - storing), (1, 0)) if backward else (),
+                    cuda_token_loops=((storing, recompute(sub) - storing), (1, 0)) if backward else (),
                     # Triton's recompute stores the state before each of the sub-chunk's tokens (1 per token), and
                     # its adjoint recomputes S_t from S_{t-1} instead of keeping it.
-                    triton_token_loops=((1, recompute - 1), (0, 1)) if backward else (),
+                    triton_token_loops=((1, recompute(triton_sub) - 1), (0, 1)) if backward else (),
                     # The CUDA N = 128 backward's column sum (32 columns per lane, unrolled by 16) is a loop in its
                     # adjoint loop.
                     inner_trips=2 if backward and n == 128 else 0,
-                    scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)  # CUDA's k + 1 states, Triton's k
+                    scratch_per_block=(sub + 1) * n * n * 4 if backward else 0,  # k + 1 states
+                    triton_blocks=b * heads * row_blocks,
+                    triton_scratch_per_block=triton_sub * rows * n * 4 if backward else 0,  # k states' rows
+                    triton_partials=partials, triton_combine_read=partials + tensor if split else 0,
+                    triton_combine_written=5 * tensor if split else 0)
 
 
 def _wkv7_chunked(heads: int, n: int) -> Workload:
@@ -163,6 +185,8 @@ def _log_decay(backward: bool) -> Workload:
 
 
 WORKLOADS = [_rope(), _wkv7(False, 64, 64), _wkv7(True, 64, 64), _wkv7(False, 32, 128), _wkv7(True, 32, 128),
+             # N = 256 runs on Triton only (`auto` sends CUDA there).
+             _wkv7(False, 16, 256, cuda=False), _wkv7(True, 16, 256, cuda=False),
              _wkv7_chunked(64, 64), _wkv7_chunked(32, 128), _decode(), _log_decay(False), _log_decay(True)]
 
 
@@ -262,7 +286,13 @@ def _times(path: Path, count: float) -> Path:
 
 def predict(kernel, workload: Workload) -> Prediction:
     threads = kernel.threads or workload.cuda_threads
-    blocks = workload.cuda_blocks if kernel.twin == "cuda" and workload.cuda_blocks else workload.blocks
+    triton = kernel.twin == "triton"
+    if triton:
+        blocks = workload.triton_blocks or workload.blocks
+        scratch_per_block = workload.triton_scratch_per_block or workload.scratch_per_block
+    else:
+        blocks = workload.cuda_blocks or workload.blocks
+        scratch_per_block = workload.scratch_per_block
     shared = kernel.shared + (workload.cuda_dynamic_shared if kernel.twin == "cuda" else 0)
     resident = blocks_per_sm(kernel.registers, threads, shared)
     if resident == 0:
@@ -294,13 +324,17 @@ def predict(kernel, workload: Workload) -> Prediction:
         thread_instructions = (kernel.work.instructions + more * (hot.work.instructions if hot else 0)) \
             * blocks * threads
     floor = workload.read + workload.written
-    if 0 < SMS * resident * workload.scratch_per_block <= L2_BYTES:
+    if 0 < SMS * resident * scratch_per_block <= L2_BYTES:
         scratch_traffic = 0  # the scratch stays in L2
     else:
         scratch_traffic = 2 * scratch
-    memory = (floor + scratch_traffic) / COPY_BYTES_PER_S
+    # A second kernel that adds the first one's partial sums runs after it: its bytes' time adds to the first's.
+    partials, combine = (workload.triton_partials - workload.triton_combine_written,
+                         workload.triton_combine_read + workload.triton_combine_written) if triton else (0, 0)
+    first_memory = (floor + scratch_traffic + partials) / COPY_BYTES_PER_S
+    memory = first_memory + combine / COPY_BYTES_PER_S
     issue = thread_instructions / 32 / (SMS * SCHEDULERS * CLOCK_HZ)
     return Prediction(workload.title, kernel.key, thread_instructions / workload.units,
-                      per_token.instructions if per_token else None, floor + scratch_traffic, scratch,
-                      floor / COPY_BYTES_PER_S, memory, issue, resident, len(waves), waves[0], chain,
-                      max(memory, issue, chain[0] if chain else 0.0))
+                      per_token.instructions if per_token else None, floor + scratch_traffic + partials + combine,
+                      scratch, floor / COPY_BYTES_PER_S, memory, issue, resident, len(waves), waves[0], chain,
+                      max(first_memory, issue, chain[0] if chain else 0.0) + combine / COPY_BYTES_PER_S)

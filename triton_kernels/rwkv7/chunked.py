@@ -173,7 +173,7 @@ def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr
                         BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
                         VARLEN: tl.constexpr, SAVE: tl.constexpr):
     """k runs in BK-row slices of ST, kept in sT (the output) between chunks: see the module docstring."""
-    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
+    n, h, bos, eos = _sequence(tl.program_id(0).to(tl.int64), cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N)
     kk = tl.arange(0, BK)
     rows = tl.arange(0, L)
@@ -230,7 +230,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
                         HAS_GST: tl.constexpr, VARLEN: tl.constexpr, V_STAGES: tl.constexpr):
     """k runs in BK-row slices of S0^T (from the checkpoint) and G^T (kept in ds0, the output, between chunks), the
     products over v in BK-column slices of v (U and dX through the scratch): see the module docstring."""
-    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
+    n, h, bos, eos = _sequence(tl.program_id(0).to(tl.int64), cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N)
     kk = tl.arange(0, BK)
     rows = tl.arange(0, L)

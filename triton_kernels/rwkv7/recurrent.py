@@ -1,39 +1,50 @@
-"""Triton twin of the RWKV-7 WKV recurrence: a sequential kernel, one program per (sequence, head).
+"""Triton twin of the RWKV-7 WKV recurrence: a sequential kernel, one program per (sequence, head, block of state rows).
 
-Per program the fp32 state S [N_v, N_k] (row i = value index, the RWKV-LM layout) lives in registers as one 2-D
-block, and each token is a few broadcasts and row/column reductions on it (no tl.dot, so no tensor-core rounding):
+The fp32 state S [N_v, N_k] (row i = value index, the RWKV-LM layout) lives in registers, each program holding a
+block of its rows as one 2-D block, and each token is a few broadcasts and row/column reductions on it (no tl.dot, so
+no tensor-core rounding):
     d = decay(w); sa = S a; S = S * d[None, :] + sa b^T + v k^T; y = S r.
-The forward saves an fp32 checkpoint of S before every CHUNK-th token. The backward walks the chunks backwards, and
-each chunk's sub-chunks of sub_chunk(N) tokens backwards: it recomputes the chunk from its checkpoint up to the
-sub-chunk's end, keeping the sub-chunk's states in a per-program scratch buffer (exactly the forward's arithmetic),
-then runs the sub-chunk's adjoint recurrence token by token in reverse. Sub-chunks cost 1.5 recompute steps per token
-(2.5 at N >= 128) and keep the scratch of every resident program within an H100's 50 MB L2, as the CUDA twin does
-(whole 16-token chunks streamed ~33 GB of scratch through DRAM at B8 T4096 H64 N64). No backstepping (dividing by the
-decay), so the backward is as precise as the forward for any decay.
+Rows evolve independently (sa, the update and y are per row), so the forward splits them freely: one warp per
+program holds a few rows (FWD_ROWS_AND_WARPS), which keeps every reduction inside a warp (shuffles; a multi-warp
+program pays a shared-memory round trip and a barrier per reduction) and lets enough programs be resident to run the
+benchmark's grid in one or two waves. It saves an fp32 checkpoint of S before every CHUNK-th token.
+
+The backward walks the chunks backwards, and each chunk's sub-chunks of SUB_CHUNK tokens backwards: it recomputes the
+chunk from its checkpoint up to the sub-chunk's end, keeping the sub-chunk's states in a per-program scratch buffer
+(exactly the forward's arithmetic), then runs the sub-chunk's adjoint recurrence token by token in reverse.
+Sub-chunks cost 1.5 recompute steps per token and keep the scratch of every resident program within an H100's 50 MB
+L2, as the CUDA twin does (whole 16-token chunks streamed ~33 GB of scratch through DRAM at B8 T4096 H64 N64). No
+backstepping (dividing by the decay), so the backward is as precise as the forward for any decay. The gradients of
+r, w, k, a and b are sums over all rows, so at N >= 128, where a whole state per program spilled in every token
+(1.6 KB at N = 128, 18 KB at N = 256), the rows are split over BWD_ROWS_AND_WARPS programs that store fp32 partial
+sums, added in a fixed order (deterministic) by a second kernel. That costs 20 B per row block per element of r of
+temporary memory (N = 128: 2 blocks, 40 B; N = 256: 4 blocks, 80 B), about what the forward's checkpoints take.
 
 Precision: the state, the decay, sa and every sum are fp32 always (the decay can be within 1e-3 of 1, where bf16
 cannot tell d from 1). LOW_PRECISION (the RWKV-LM bf16 mode) rounds the inputs to bf16 on load and y and the input
 gradients to bf16 on store, round-to-nearest-even (done with integer ops, so the interpreter rounds like a GPU).
 
 Sequences: without cu_seqlens, sequence n covers tokens [n*T, (n+1)*T) of the flattened [B*T] token axis; with it,
-[cu[n], cu[n+1]) (clamped into [0, T], as the CUDA twin does). Checkpoint slot of chunk c of sequence n = cu[n] // CHUNK + n + c: disjoint across sequences for
-any lengths, so the buffer needs (B*T) // CHUNK + n_seqs slots and no host sync.
+[cu[n], cu[n+1]) (clamped into [0, T], as the CUDA twin does). Checkpoint slot of chunk c of sequence n =
+cu[n] // CHUNK + n + c: disjoint across sequences for any lengths, so the buffer needs (B*T) // CHUNK + n_seqs slots
+and no host sync.
 """
+import torch
 import triton
 import triton.language as tl
 
 from ..decay import log_decay_from_raw, log_decay_from_raw_grad
 
 CHUNK = 16
+SUB_CHUNK = 8
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
-# Enough threads that the N x N fp32 blocks (three in the backward) mostly fit in registers.
-NUM_WARPS = {32: 2, 64: 4, 128: 8, 256: 16}
-
-
-def sub_chunk(n: int) -> int:
-    """The backward's sub-chunk length at head size n (the CUDA twin's wkv7_backward_sub_chunk)."""
-    return 4 if n >= 128 else 8
+# Per head size N, (state rows per program, warps per program), chosen from the static report's predictions
+# (benchmarks/NOTES.md, "Triton WKV7: state rows split over programs"). Backward: the fewest row blocks that keep
+# the token loops free of spills (each block adds partial sums to store and add up).
+FWD_ROWS_AND_WARPS = {32: (32, 1), 64: (16, 1), 128: (8, 1), 256: (8, 1)}
+BWD_ROWS_AND_WARPS = {32: (32, 2), 64: (64, 4), 128: (64, 8), 256: (64, 16)}
+COMBINE_BLOCK = 1024  # elements per program of the kernel that adds the backward's partial sums
 
 
 def checkpoint_slots(tokens: int, n_seqs: int) -> int:
@@ -50,19 +61,19 @@ def _rne_bf16(x):
 
 
 @triton.jit
-def _load_in(ptr, offsets, LOW_PRECISION: tl.constexpr):
-    x = tl.load(ptr + offsets).to(tl.float32)
+def _load_in(ptr, offsets, LOW_PRECISION: tl.constexpr, mask=None):
+    x = tl.load(ptr + offsets, mask=mask).to(tl.float32)
     if LOW_PRECISION:
         x = _rne_bf16(x)
     return x
 
 
 @triton.jit
-def _store_out(ptr, offsets, x, LOW_PRECISION: tl.constexpr):
+def _store_out(ptr, offsets, x, LOW_PRECISION: tl.constexpr, mask=None):
     # The explicit bf16 rounding also makes interpreted bf16 stores round to nearest (the interpreter truncates).
     if LOW_PRECISION or ptr.dtype.element_ty == tl.bfloat16:
         x = _rne_bf16(x)
-    tl.store(ptr + offsets, x.to(ptr.dtype.element_ty))
+    tl.store(ptr + offsets, x.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -88,14 +99,13 @@ def _decay(w, DECAY: tl.constexpr):
 
 
 @triton.jit
-def _sequence(cu_ptr, T, H, VARLEN: tl.constexpr):
-    """This program's sequence n, head h and token range [bos, eos); the chunked kernel's too.
-    (sequence, head) is grid axis 0 (axis 1 holds at most 65,535 programs). cu_seqlens values are clamped as the CUDA
-    twin does (into [0, T], eos >= bos): malformed offsets, which Python cannot check under torch.compile without a
-    host sync, then give wrong sequences but never an out-of-bounds address."""
-    program = tl.program_id(0).to(tl.int64)
-    n = program // H
-    h = program % H
+def _sequence(seq_head, cu_ptr, T, H, VARLEN: tl.constexpr):
+    """The sequence n, head h and token range [bos, eos) of the (sequence, head) index seq_head = n * H + h (grid
+    axis 0: axis 1 holds at most 65,535 programs); the chunked kernel's too. cu_seqlens values are clamped as the
+    CUDA twin does (into [0, T], eos >= bos): malformed offsets, which Python cannot check under torch.compile
+    without a host sync, then give wrong sequences but never an out-of-bounds address."""
+    n = seq_head // H
+    h = seq_head % H
     if VARLEN:
         bos = tl.minimum(tl.maximum(tl.load(cu_ptr + n).to(tl.int64), 0), T)
         eos = tl.minimum(tl.maximum(tl.load(cu_ptr + n + 1).to(tl.int64), bos), T)
@@ -106,67 +116,79 @@ def _sequence(cu_ptr, T, H, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _program(cu_ptr, T, H, N: tl.constexpr, VARLEN: tl.constexpr):
-    """_sequence's (n, h, bos, eos), the index vector and the N x N block offsets."""
-    n, h, bos, eos = _sequence(cu_ptr, T, H, VARLEN)
-    offs = tl.arange(0, N).to(tl.int64)
-    return n, h, bos, eos, offs, offs[:, None] * N + offs[None, :]
+def _program(cu_ptr, T, H, N: tl.constexpr, ROWS: tl.constexpr, VARLEN: tl.constexpr):
+    """_sequence's (n, h, bos, eos), this program's block of ROWS state rows (row_block, and the value indices
+    `rows`), the key indices `cols` and the block's offsets in an N x N state."""
+    program = tl.program_id(0).to(tl.int64)
+    n, h, bos, eos = _sequence(program // (N // ROWS), cu_ptr, T, H, VARLEN)
+    row_block = program % (N // ROWS)
+    rows = row_block * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    cols = tl.arange(0, N).to(tl.int64)
+    return n, h, bos, eos, row_block, rows, cols, rows[:, None] * N + cols[None, :]
 
 
-def launch_grid(n_seqs: int, heads: int) -> tuple:
-    """One program per (sequence, head), all on grid axis 0 (up to 2^31 - 1 programs)."""
-    return (n_seqs * heads,)
+def launch_grid(n_seqs: int, heads: int, row_blocks: int = 1) -> tuple:
+    """One program per (sequence, head, block of state rows), all on grid axis 0 (up to 2^31 - 1 programs)."""
+    return (n_seqs * heads * row_blocks,)
 
 
 @triton.jit
-def _load_state(ptr, offsets, GIVEN: tl.constexpr, N: tl.constexpr):
+def _load_state(ptr, offsets, GIVEN: tl.constexpr, ROWS: tl.constexpr, N: tl.constexpr):
     if GIVEN:
         return tl.load(ptr + offsets)
-    return tl.zeros((N, N), dtype=tl.float32)
+    return tl.zeros((ROWS, N), dtype=tl.float32)
 
 
 @triton.jit
-def _token(S, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
-    """One step of the recurrence from S = S_{t-1}: returns S_t and what the adjoint needs (sa, d, dlog, k, v, a, b)."""
-    d, dlog = _decay(_load_in(w_ptr, vec, LOW_PRECISION), DECAY)
-    k = _load_in(k_ptr, vec, LOW_PRECISION)
-    v = _load_in(v_ptr, vec, LOW_PRECISION)
-    a = _load_in(a_ptr, vec, LOW_PRECISION)
-    b = _load_in(b_ptr, vec, LOW_PRECISION)
+def _token(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr,
+           LOW_PRECISION: tl.constexpr):
+    """One step of the recurrence from the row block S of S_{t-1}: returns S_t's rows and what the adjoint needs (sa,
+    d, dlog, k, v, a, b). at_rows / at_cols: the token's [B, T, H, N] offsets of the block's rows / of every key."""
+    d, dlog = _decay(_load_in(w_ptr, at_cols, LOW_PRECISION), DECAY)
+    k = _load_in(k_ptr, at_cols, LOW_PRECISION)
+    v = _load_in(v_ptr, at_rows, LOW_PRECISION)
+    a = _load_in(a_ptr, at_cols, LOW_PRECISION)
+    b = _load_in(b_ptr, at_cols, LOW_PRECISION)
     sa = tl.sum(S * a[None, :], axis=1)
     return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :], sa, d, dlog, k, v, a, b
 
 
 @triton.jit
 def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
-                     N: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
-                     HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    n, h, bos, eos, offs, mat = _program(cu_ptr, T, H, N, VARLEN)
+                     N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr,
+                     LOW_PRECISION: tl.constexpr, HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
+    n, h, bos, eos, row_block, rows, cols, mat = _program(cu_ptr, T, H, N, ROWS, VARLEN)
     state_at = (n * H + h) * N * N + mat
-    S = _load_state(s0_ptr, state_at, HAS_S0, N)
+    S = _load_state(s0_ptr, state_at, HAS_S0, ROWS, N)
     slot0 = bos // CHUNK + n
     for c in range(0, tl.cdiv(eos - bos, CHUNK)):
         t0 = bos + c * CHUNK
         if SAVE:
             tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat, S)
         for t in range(t0, tl.minimum(t0 + CHUNK, eos)):
-            vec = (t * H + h) * N + offs
-            S, _, _, _, _, _, _, _ = _token(S, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
-            y = tl.sum(S * _load_in(r_ptr, vec, LOW_PRECISION)[None, :], axis=1)
-            _store_out(y_ptr, vec, y, LOW_PRECISION)
+            token = (t * H + h) * N
+            S, _, _, _, _, _, _, _ = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+                                            LOW_PRECISION)
+            y = tl.sum(S * _load_in(r_ptr, token + cols, LOW_PRECISION)[None, :], axis=1)
+            _store_out(y_ptr, token + rows, y, LOW_PRECISION)
     tl.store(sT_ptr + state_at, S)
 
 
 @triton.jit
 def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
-                     dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
-                     N: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, DECAY: tl.constexpr,
-                     LOW_PRECISION: tl.constexpr, HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
-    n, h, bos, eos, offs, mat = _program(cu_ptr, T, H, N, VARLEN)
+                     dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, partial_ptr, numel, T, H,
+                     N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                     DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr, HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+    """With ROWS < N the gradients of r, w, k, a and b are sums over every row of the state: each program stores its
+    rows' fp32 sums in partial_ptr [N // ROWS, 5, B*T*H*N] (dw's without its d * dlog factor) for
+    _combine_key_grads_kernel, in a fixed order. dv and the state gradient are the program's own rows."""
+    n, h, bos, eos, row_block, rows, cols, mat = _program(cu_ptr, T, H, N, ROWS, VARLEN)
     state_at = (n * H + h) * N * N + mat
     # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
-    dS = _load_state(gsT_ptr, state_at, HAS_GST, N)
+    dS = _load_state(gsT_ptr, state_at, HAS_GST, ROWS, N)
     scratch = scratch_ptr + (n * H + h) * SUB * N * N + mat
+    numel = numel.to(tl.int64)  # 5 * numel can pass 2^31
+    partial = partial_ptr + row_block * 5 * numel
     slot0 = bos // CHUNK + n
     n_subs = tl.cdiv(eos - bos, SUB)
     for jj in range(0, n_subs):
@@ -182,29 +204,69 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
         for t in range(t0, s1):
             if t >= s0:
                 tl.store(scratch + (t - s0) * N * N, S)
-            S, _, _, _, _, _, _, _ = _token(S, (t * H + h) * N + offs, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+            token = (t * H + h) * N
+            S, _, _, _, _, _, _, _ = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
                                             LOW_PRECISION)
         tl.debug_barrier()
         for tt in range(0, s1 - s0):
             t = s1 - 1 - tt
             prev = tl.load(scratch + (t - s0) * N * N)
-            vec = (t * H + h) * N + offs
-            S, sa, d, dlog, k, v, a, b = _token(prev, vec, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+            token = (t * H + h) * N
+            at_rows = token + rows
+            at_cols = token + cols
+            S, sa, d, dlog, k, v, a, b = _token(prev, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
                                                 LOW_PRECISION)
-            r = _load_in(r_ptr, vec, LOW_PRECISION)
-            gy = tl.load(gy_ptr + vec).to(tl.float32)
+            r = _load_in(r_ptr, at_cols, LOW_PRECISION)
+            gy = tl.load(gy_ptr + at_rows).to(tl.float32)
             dS += gy[:, None] * r[None, :]
             dsa = tl.sum(dS * b[None, :], axis=1)
-            _store_out(dr_ptr, vec, tl.sum(S * gy[:, None], axis=0), LOW_PRECISION)
-            _store_out(dv_ptr, vec, tl.sum(dS * k[None, :], axis=1), LOW_PRECISION)
-            _store_out(dk_ptr, vec, tl.sum(dS * v[:, None], axis=0), LOW_PRECISION)
-            _store_out(db_ptr, vec, tl.sum(dS * sa[:, None], axis=0), LOW_PRECISION)
-            _store_out(da_ptr, vec, tl.sum(prev * dsa[:, None], axis=0), LOW_PRECISION)
-            _store_out(dw_ptr, vec, tl.sum(dS * prev, axis=0) * d * dlog, LOW_PRECISION)
+            _store_out(dv_ptr, at_rows, tl.sum(dS * k[None, :], axis=1), LOW_PRECISION)
+            dr = tl.sum(S * gy[:, None], axis=0)
+            dk = tl.sum(dS * v[:, None], axis=0)
+            db = tl.sum(dS * sa[:, None], axis=0)
+            da = tl.sum(prev * dsa[:, None], axis=0)
+            dw = tl.sum(dS * prev, axis=0)
+            if ROWS == N:
+                _store_out(dr_ptr, at_cols, dr, LOW_PRECISION)
+                _store_out(dk_ptr, at_cols, dk, LOW_PRECISION)
+                _store_out(db_ptr, at_cols, db, LOW_PRECISION)
+                _store_out(da_ptr, at_cols, da, LOW_PRECISION)
+                _store_out(dw_ptr, at_cols, dw * d * dlog, LOW_PRECISION)
+            else:
+                tl.store(partial + at_cols, dr)
+                tl.store(partial + numel + at_cols, dw)
+                tl.store(partial + 2 * numel + at_cols, dk)
+                tl.store(partial + 3 * numel + at_cols, da)
+                tl.store(partial + 4 * numel + at_cols, db)
             dS = dS * d[None, :] + dsa[:, None] * a[None, :]
         # The next sub-chunk's recompute overwrites the scratch rows read above.
         tl.debug_barrier()
     tl.store(ds0_ptr + state_at, dS)
+
+
+@triton.jit
+def _summed(partial_ptr, grad: tl.constexpr, at, inside, numel, ROW_BLOCKS: tl.constexpr):
+    """Gradient `grad`'s partial sums (_wkv7_bwd_kernel's order) added in row-block order."""
+    total = tl.load(partial_ptr + grad * numel + at, mask=inside)
+    for block in tl.static_range(1, ROW_BLOCKS):
+        total += tl.load(partial_ptr + (block * 5 + grad) * numel + at, mask=inside)
+    return total
+
+
+@triton.jit
+def _combine_key_grads_kernel(partial_ptr, w_ptr, dr_ptr, dw_ptr, dk_ptr, da_ptr, db_ptr, numel,
+                              ROW_BLOCKS: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """The gradients of r, w, k, a, b from the backward's per-row-block partial sums; dw times d * dlog."""
+    numel = numel.to(tl.int64)
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < numel
+    d, dlog = _decay(_load_in(w_ptr, at, LOW_PRECISION, inside), DECAY)
+    _store_out(dr_ptr, at, _summed(partial_ptr, 0, at, inside, numel, ROW_BLOCKS), LOW_PRECISION, inside)
+    _store_out(dw_ptr, at, _summed(partial_ptr, 1, at, inside, numel, ROW_BLOCKS) * d * dlog, LOW_PRECISION, inside)
+    _store_out(dk_ptr, at, _summed(partial_ptr, 2, at, inside, numel, ROW_BLOCKS), LOW_PRECISION, inside)
+    _store_out(da_ptr, at, _summed(partial_ptr, 3, at, inside, numel, ROW_BLOCKS), LOW_PRECISION, inside)
+    _store_out(db_ptr, at, _summed(partial_ptr, 4, at, inside, numel, ROW_BLOCKS), LOW_PRECISION, inside)
 
 
 def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, checkpoints, decay: str,
@@ -216,11 +278,13 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
     n_seqs = final_state.shape[0]
     if n_seqs * heads == 0:
         return
-    _wkv7_fwd_kernel[launch_grid(n_seqs, heads)](
+    rows, warps = FWD_ROWS_AND_WARPS[n]
+    _wkv7_fwd_kernel[launch_grid(n_seqs, heads, n // rows)](
         r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
         y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
-        N=n, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, HAS_S0=initial_state is not None,
-        VARLEN=cu_seqlens is not None, SAVE=checkpoints is not None, num_warps=NUM_WARPS[n])
+        N=n, ROWS=rows, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
+        HAS_S0=initial_state is not None, VARLEN=cu_seqlens is not None, SAVE=checkpoints is not None,
+        num_warps=warps)
 
 
 def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, grads, grad_initial, decay: str,
@@ -231,9 +295,19 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     n_seqs = grad_initial.shape[0]
     if n_seqs * heads == 0:
         return
-    scratch = r.new_empty((n_seqs, heads, sub_chunk(n), n, n), dtype=checkpoints.dtype)
-    _wkv7_bwd_kernel[launch_grid(n_seqs, heads)](
+    rows, warps = BWD_ROWS_AND_WARPS[n]
+    row_blocks = n // rows
+    numel = r.numel()
+    scratch = r.new_empty((n_seqs, heads, SUB_CHUNK, n, n), dtype=checkpoints.dtype)
+    # fp32 partial sums of the key-indexed gradients, one set per row block (none when one block has every row).
+    partial = r.new_empty((row_blocks, 5, numel) if row_blocks > 1 else (0,), dtype=torch.float32)
+    _wkv7_bwd_kernel[launch_grid(n_seqs, heads, row_blocks)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
-        grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
-        N=n, CHUNK=CHUNK, SUB=sub_chunk(n), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
-        HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None, num_warps=NUM_WARPS[n])
+        grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, partial, numel, seqlen,
+        heads, N=n, ROWS=rows, CHUNK=CHUNK, SUB=SUB_CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
+        HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None, num_warps=warps)
+    if row_blocks > 1 and numel > 0:
+        dr, dw, dk, _, da, db = grads
+        _combine_key_grads_kernel[(triton.cdiv(numel, COMBINE_BLOCK),)](
+            partial, w, dr, dw, dk, da, db, numel, ROW_BLOCKS=row_blocks, DECAY=DECAY_CODES[decay],
+            LOW_PRECISION=low_precision, BLOCK=COMBINE_BLOCK, num_warps=4)
