@@ -6,12 +6,15 @@ Triton RoPE kernels (Triton's own ptxas, no nvcc needed).
 """
 import dataclasses
 import os
+import re
+import subprocess
+import tempfile
 from collections import Counter
 
 import pytest
 
 from ropewkv.triton_kernels import _common
-from tools.static_report import cuda, kernels, report, sass
+from tools.static_report import cuda, kernels, model, report, sass
 from triton_sm90 import run_without_interpreter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -192,3 +195,40 @@ def test_cuda_token_loop_with_a_nested_loop_counts_its_trips():
         model.token_iteration(kernel, dataclasses.replace(workload, inner_trips=0))
     with pytest.raises(LookupError, match="2 token loops, the model names 1"):
         model.token_iteration(kernel, dataclasses.replace(workload, cuda_token_loops=((1, 0),)))
+
+
+def _declared_threads(source: str) -> dict:
+    """{kernel name: the threads each instantiation's __launch_bounds__ declares (PTX .maxntid)} for one .cu."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "kernels.ptx")
+        subprocess.run([cuda.nvcc(), "-std=c++20", "--expt-relaxed-constexpr", "-Icsrc/include", "-gencode",
+                        "arch=compute_90a,code=sm_90a", "-ptx", source, "-o", ptx], cwd=ROOT, check=True)
+        with open(ptx) as f:
+            entries = f.read().split(".entry ")[1:]
+    declared = {}
+    for entry in entries:
+        header = entry.split("{", 1)[0]
+        # Mangled names carry each identifier's length: 14forward_kernelI is not 22chunked_forward_kernelI.
+        name = next(k for k in ("forward_kernel", "backward_kernel", "chunked_forward_kernel", "step_kernel")
+                    if f"{len(k)}{k}I" in header)
+        threads = re.search(r"\.maxntid (\d+)", header)
+        declared.setdefault(name, set()).add(int(threads.group(1)) if threads else None)
+    return declared
+
+
+@needs_nvcc
+def test_wkv7_constants_are_the_kernels():
+    """The model reads the WKV7 CUDA kernels' launch constants from tools/static_report/constants.cu: the threads it
+    prints are those each kernel declares in __launch_bounds__, the backward's columns per thread are its lanes'
+    share of a row, and the N = 128 backward's column sum is the loop nested in its adjoint loop."""
+    constants = cuda.wkv7_constants(ROOT)
+    assert set(constants["head_sizes"]) == {"32", "64", "128"}
+    for n, sizes in constants["head_sizes"].items():
+        declared = _declared_threads(f"csrc/wkv7/wkv7_n{n}.cu")
+        assert declared["forward_kernel"] == {sizes["forward_threads"]}, n
+        assert declared["backward_kernel"] == {sizes["backward_threads"]}, n
+        assert sizes["backward_cols"] == int(n) ** 2 // sizes["backward_threads"], n
+    chunked = _declared_threads("csrc/wkv7/wkv7_chunked_n64.cu")["chunked_forward_kernel"]
+    assert chunked == {constants["chunked_threads"]}
+    backward = {n: model._wkv7(True, 32, n, constants) for n in (64, 128)}
+    assert backward[64].inner_trips == 0 and backward[128].inner_trips == 2

@@ -115,15 +115,16 @@ def test_head_sizes(device, n):
     check_against_reference(inputs, "raw", seed=6)
 
 
-@pytest.mark.parametrize("n, precision", [(128, "fp32"), (256, "bf16")])
-def test_state_rows_split_over_programs(device, n, precision):
-    """At N >= 128 a program holds a block of the state's rows and the key-indexed gradients are summed over the
-    blocks afterwards: two heads and packed sequences (one empty, one crossing sub-chunks and a chunk) check that
-    every block reads and writes its own rows of its own head and token, and bf16 mode the sums' final rounding."""
-    lengths = [6, 0, 19]
+@pytest.mark.parametrize("n, heads, precision", [(128, 2, "fp32"), (256, 1, "bf16")])
+def test_state_rows_split_over_programs(device, n, heads, precision):
+    """A program holds a block of the state's rows (the forward's blocks are a few rows; at N >= 128 the backward's
+    key-indexed gradients are summed over its blocks afterwards): packed sequences (one empty, one crossing
+    sub-chunks and a chunk) and two heads check that every block reads and writes its own rows of its own head and
+    token, and bf16 mode the sums' final rounding."""
+    lengths = [5, 0, 17]
     cu_seqlens = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(device)
-    inputs = _inputs(device, 1, sum(lengths), 2, n, torch.float32, "loglog", seed=40, initial_state=False)
-    inputs["initial_state"] = torch.randn(len(lengths), 2, n, n, generator=seeded(41)).to(device)
+    inputs = _inputs(device, 1, sum(lengths), heads, n, torch.float32, "loglog", seed=40, initial_state=False)
+    inputs["initial_state"] = torch.randn(len(lengths), heads, n, n, generator=seeded(41)).to(device)
     check_against_reference(inputs, "loglog", precision, cu_seqlens=cu_seqlens, seed=42)
 
 

@@ -117,18 +117,21 @@ __device__ __forceinline__ float row_dot(const float* x, const float* y, int p) 
   return lane_sum<Lanes::kLanes>(sum);
 }
 
+// column_dot's unroll: 16 loads in flight (fully unrolled, N = 128 spilled 88-180 B).
+inline constexpr int kColumnUnroll = 16;
+
 // sum_j S[j][i] y_j for column i of a row-major state (column = state + i: the lanes of a warp read consecutive
 // floats) and a full vector y in shared memory.
 template <class Lanes>
 __device__ __forceinline__ float column_dot(const float* column, const float* y, int p) {
   float sum = 0.f;
-#pragma unroll 16
+#pragma unroll kColumnUnroll
   for (int m = 0; m < Lanes::kCols; ++m) sum = fmaf(column[Lanes::col(p, m) * Lanes::kN], y[Lanes::col(p, m)], sum);
   return lane_sum<Lanes::kLanes>(sum);
 }
 
 // column_dot's sums of one column with x (held at the lane's columns, as in row_dot) and with y, in one pass; fully
-// unrolled, as x lives in registers (column_dot keeps 16 loads in flight: fully unrolled, N = 128 spilled 88-180 B).
+// unrolled, as x lives in registers (column_dot unrolls by kColumnUnroll).
 template <class Lanes>
 __device__ __forceinline__ float2 column_dot2(const float* column, const float* x, const float* y, int p) {
   float sum_x = 0.f, sum_y = 0.f;

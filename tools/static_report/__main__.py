@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         compiled = [k for result in pool.map(kernels.compile_task, [ROOT] * len(tasks), tasks) for k in result]
     compiled.sort(key=lambda k: (k.twin, k.key))
-    predictions = [model.predict(kernel, workload) for workload in model.WORKLOADS
+    predictions = [model.predict(kernel, workload) for workload in model.workloads(cuda.wkv7_constants(ROOT))
                    for kernel in model.kernels_of(workload, compiled)]
     header = _header()
     baseline = {"kernels": [], **{tool: header[tool] for tool in ("nvcc", "triton")}}

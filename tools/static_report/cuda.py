@@ -3,6 +3,7 @@ kept), every __global__ function in it disassembled, and its name made readable.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -89,3 +90,15 @@ def _readable(demangled: str, enums: dict[tuple[str, int], str]) -> str:
             break
     name = _ENUM_CAST.sub(lambda m: enums.get((m.group(1), int(m.group(2))), f"{m.group(1)}({m.group(2)})"), name)
     return _NAMESPACES.sub("", name)
+
+
+def wkv7_constants(root: str) -> dict:
+    """The WKV7 kernels' launch constants, as tools/static_report/constants.cu prints them (built and run here)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = os.path.join(tmp, "constants")
+        built = subprocess.run([nvcc(), "-std=c++20", "--expt-relaxed-constexpr", "-Icsrc/include", "-Icsrc",
+                                "tools/static_report/constants.cu", "-o", probe], cwd=root, capture_output=True,
+                               text=True)
+        if built.returncode != 0:
+            raise RuntimeError(f"nvcc failed on tools/static_report/constants.cu:\n{built.stdout}{built.stderr}")
+        return json.loads(subprocess.run([probe], capture_output=True, text=True, check=True).stdout)

@@ -17,8 +17,8 @@ The model (stated in the report too):
   as they run per token, Workload.inner_trips), on its lean path (the forward's every-16th-token checkpoint store
   left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The
   backwards name their token loops' trips per token instead (Workload.cuda_token_loops, triton_token_loops): the
-  recompute loop runs 1.5 (2.5 at N = 128) times per token, storing a state on (k + 1) / k of them in CUDA, 1 in
-  Triton (sub-chunks of k tokens), and the adjoint loop once, in CUDA on its work path (lane 0's gradient stores:
+  recompute loop runs 1.5 times per token (CUDA at N = 128: 2.5), storing a state on (k + 1) / k of them in CUDA,
+  1 in Triton (sub-chunks of k tokens), and the adjoint loop once, in CUDA on its work path (lane 0's gradient stores:
   every warp issues them), with a loop nested in it (N = 128: the column sum) taken Workload.inner_trips times.
   (Triton predicates that state store, so its scratch column reads 0: the L2 rule above is what leaves it out of
   the DRAM bytes.) The CUDA sequential kernels' token loops also run a branch that no path takes (no global store):
@@ -35,7 +35,10 @@ The model (stated in the report too):
   per chunk) with each loop nested in it taken as many times as it runs per chunk (Workload.inner_trips), its
   once-per-sequence code not counted; the chain bounds as above with I the instructions per chunk and one DRAM
   latency per chunk.
-- Predicted = max(memory, issue, chain at its lower bound); the chain's upper bound is printed beside it.
+- Predicted = max(memory, issue, chain at its lower bound); the chain's upper bound is printed beside it. The
+  Triton backwards that split the state's rows over programs (N >= 128) write fp32 partial sums of five gradients,
+  which a second, memory-bound kernel adds after the first: its bytes' time is added to the prediction (and to the
+  memory column), the partials' writes count in the first kernel's bytes.
 """
 from __future__ import annotations
 
@@ -105,11 +108,11 @@ def _rope() -> Workload:
                     cuda_threads=128, cuda_blocks=b * s * units // 128, triton=("rope neox bf16", "rope gptj bf16"))
 
 
-def _wkv7(backward: bool, heads: int, n: int, cuda: bool = True) -> Workload:
-    """The sequential WKV7 kernels. The CUDA forward (csrc/wkv7/wkv7_kernels.cuh) runs 2 lanes per state row at
-    n = 64, else one (ForwardLanes); the backward 2 at n = 32, else 4 (BackwardLanes), and it recomputes each
-    16-token chunk in sub-chunks of k = 8 tokens (4 at n = 128: wkv7_backward_sub_chunk), keeping k + 1 states per
-    block. The Triton kernels' rows per program, warps and sub-chunk are read from their module."""
+def _wkv7(backward: bool, heads: int, n: int, constants: dict, cuda: bool = True) -> Workload:
+    """The sequential WKV7 kernels. The CUDA forward (csrc/wkv7/wkv7_kernels.cuh) runs ForwardLanes' threads per block;
+    the backward BackwardLanes', and it recomputes each 16-token chunk in sub-chunks of k tokens
+    (wkv7_backward_sub_chunk), keeping k + 1 states per block: constants.cu prints those (`constants`). The Triton
+    kernels' rows per program, warps and sub-chunk are read from their module. cuda=False: Triton only (N = 256)."""
     from ropewkv.triton_kernels.rwkv7 import recurrent
 
     b, t = 8, 4096
@@ -125,43 +128,44 @@ def _wkv7(backward: bool, heads: int, n: int, cuda: bool = True) -> Workload:
     def recompute(sub):  # iterations per token of a backward's recompute loop with sub-chunks of sub tokens
         return sum(range(sub, CHECKPOINT_EVERY + 1, sub)) / CHECKPOINT_EVERY
 
-    sub = 4 if n >= 128 else 8
-    storing = (sub + 1) / sub
-    threads = n * (2 if n == 32 else 4) if backward else n * (2 if n == 64 else 1)
+    cuda_fields = {}
+    if cuda:
+        sizes = constants["head_sizes"][str(n)]
+        sub, threads = sizes["sub_chunk"], sizes["backward_threads" if backward else "forward_threads"]
+        storing = (sub + 1) / sub
+        # A column sum over more columns per thread than its unroll is a loop nested in the adjoint loop (N = 128).
+        column_trips = sizes["backward_cols"] // constants["column_unroll"] if backward else 0
+        cuda_fields = dict(cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",),
+                           cuda_threads=threads, cuda_staging_share=n / threads,  # threads 0..n-1 stage
+                           cuda_token_loops=((storing, recompute(sub) - storing), (1, 0)) if backward else (),
+                           inner_trips=column_trips if column_trips > 1 else 0,
+                           scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)  # k + 1 states
     rows = (recurrent.BWD_ROWS_AND_WARPS if backward else recurrent.FWD_ROWS_AND_WARPS)[n][0]
     row_blocks = n // rows
     split = backward and row_blocks > 1
     partials = row_blocks * 5 * (tensor // 2) * 4 if split else 0
-    triton_sub = recurrent.SUB_CHUNK
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
-                    b * heads, cuda=(f"{'backward' if backward else 'forward'}_kernel<{n}, bf16_t, bf16_t, kFP32>",)
-                    if cuda else (), cuda_threads=threads, cuda_staging_share=n / threads,  # threads 0..n-1 stage
-                    triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
-                    cuda_token_loops=((storing, recompute(sub) - storing), (1, 0)) if backward else (),
+                    b * heads, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     # Triton's recompute stores the state before each of the sub-chunk's tokens (1 per token), and
                     # its adjoint recomputes S_t from S_{t-1} instead of keeping it.
-                    triton_token_loops=((1, recompute(triton_sub) - 1), (0, 1)) if backward else (),
-                    # The CUDA N = 128 backward's column sum (32 columns per lane, unrolled by 16) is a loop in its
-                    # adjoint loop.
-                    inner_trips=2 if backward and n == 128 else 0,
-                    scratch_per_block=(sub + 1) * n * n * 4 if backward else 0,  # k + 1 states
+                    triton_token_loops=((1, recompute(recurrent.SUB_CHUNK) - 1), (0, 1)) if backward else (),
                     triton_blocks=b * heads * row_blocks,
-                    triton_scratch_per_block=triton_sub * rows * n * 4 if backward else 0,  # k states' rows
+                    triton_scratch_per_block=recurrent.SUB_CHUNK * rows * n * 4 if backward else 0,  # k states' rows
                     triton_partials=partials, triton_combine_read=partials + tensor if split else 0,
-                    triton_combine_written=5 * tensor if split else 0)
+                    triton_combine_written=5 * tensor if split else 0, **cuda_fields)
 
 
-def _wkv7_chunked(heads: int, n: int) -> Workload:
+def _wkv7_chunked(heads: int, n: int, constants: dict) -> Workload:
     """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, kValueSlice<N>
-    value rows: 64 at N = 64, 32 at N = 128) of 128 threads; per chunk its masked-product loop runs 17 times (the
+    value rows) of kThreads threads (constants.cu prints both); per chunk its masked-product loop runs 17 times (the
     16-lane groups' pairs of chunk rows). Its floor is the sequential forward's (each slice's block reads the head's
     r, w, k, a, b again: from L2, as the model assumes of repeated loads)."""
-    sequential = _wkv7(False, heads, n)
-    b, t, slice_rows = 8, 4096, 64 if n == 64 else 32
+    sequential = _wkv7(False, heads, n, constants)
+    b, t, slice_rows = 8, 4096, constants["head_sizes"][str(n)]["chunked_value_slice"]
     return Workload(f"WKV7 chunked fwd B{b} T{t} H{heads} N{n} bf16", "token-head", sequential.units, sequential.read,
                     sequential.written, b * heads * (n // slice_rows),
-                    cuda=(f"chunked_forward_kernel<{n}, {slice_rows}, bf16_t, bf16_t, kFP32>",), cuda_threads=128,
-                    tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17)
+                    cuda=(f"chunked_forward_kernel<{n}, {slice_rows}, bf16_t, bf16_t, kFP32>",),
+                    cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17)
 
 
 def _decode() -> Workload:
@@ -184,10 +188,14 @@ def _log_decay(backward: bool) -> Workload:
                     cuda_threads=256, cuda_blocks=n // 8 // 256, triton=(f"log_decay {direction} bf16",))
 
 
-WORKLOADS = [_rope(), _wkv7(False, 64, 64), _wkv7(True, 64, 64), _wkv7(False, 32, 128), _wkv7(True, 32, 128),
-             # N = 256 runs on Triton only (`auto` sends CUDA there).
-             _wkv7(False, 16, 256, cuda=False), _wkv7(True, 16, 256, cuda=False),
-             _wkv7_chunked(64, 64), _wkv7_chunked(32, 128), _decode(), _log_decay(False), _log_decay(True)]
+def workloads(constants: dict) -> list:
+    """The benchmark shapes, given the WKV7 CUDA kernels' launch constants (cuda.wkv7_constants)."""
+    return [_rope(), _wkv7(False, 64, 64, constants), _wkv7(True, 64, 64, constants), _wkv7(False, 32, 128, constants),
+            _wkv7(True, 32, 128, constants),
+            # N = 256 runs on Triton only (`auto` sends CUDA there).
+            _wkv7(False, 16, 256, constants, cuda=False), _wkv7(True, 16, 256, constants, cuda=False),
+            _wkv7_chunked(64, 64, constants), _wkv7_chunked(32, 128, constants), _decode(), _log_decay(False),
+            _log_decay(True)]
 
 
 @dataclass

@@ -1,0 +1,33 @@
+// Prints, as JSON, the launch constants of the WKV7 CUDA kernels that tools/static_report/model.py needs, so that the
+// model reads them instead of restating them: per head size the threads per block of the sequential forward and
+// backward, the backward's columns per thread and sub-chunk, the chunked forward's value slice; the unroll of the
+// backward's column sums. Host code only (no kernel is launched): it runs without a GPU.
+#include <cstdio>
+
+#include "wkv7/wkv7_chunked_kernels.cuh"
+#include "wkv7/wkv7_kernels.cuh"
+
+namespace {
+
+using namespace ropewkv::cuda;
+
+template <int N>
+void print_head_size(const char* separator) {
+  std::printf("\"%d\": {\"forward_threads\": %d, \"backward_threads\": %d, \"backward_cols\": %d, \"sub_chunk\": %d, "
+              "\"chunked_value_slice\": %d}%s",
+              N, wkv7_detail::ForwardLanes<N>::kThreads, wkv7_detail::BackwardLanes<N>::kThreads,
+              wkv7_detail::BackwardLanes<N>::kCols, wkv7_backward_sub_chunk(N), wkv7_chunked_detail::kValueSlice<N>,
+              separator);
+}
+
+}  // namespace
+
+int main() {
+  std::printf("{\"column_unroll\": %d, \"chunked_threads\": %d, \"head_sizes\": {", wkv7_detail::kColumnUnroll,
+              wkv7_chunked_detail::kThreads);
+  print_head_size<32>(", ");
+  print_head_size<64>(", ");
+  print_head_size<128>("");
+  std::printf("}}\n");
+  return 0;
+}
