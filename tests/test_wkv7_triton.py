@@ -117,10 +117,10 @@ def test_head_sizes(device, n):
 
 @pytest.mark.parametrize("n, heads, precision", [(128, 2, "fp32"), (256, 1, "bf16")])
 def test_state_rows_split_over_programs(device, n, heads, precision):
-    """A program holds a block of the state's rows (the forward's blocks are a few rows; at N >= 128 the backward's
-    key-indexed gradients are summed over its blocks afterwards): packed sequences (one empty, one crossing
-    sub-chunks and a chunk) and two heads check that every block reads and writes its own rows of its own head and
-    token, and bf16 mode the sums' final rounding."""
+    """At N >= 128 a forward program holds a few of the state's rows, and at N = 256 a backward program too, its
+    key-indexed gradients summed over the blocks afterwards: packed sequences (one empty, one crossing sub-chunks and
+    a chunk) and two heads check that every block reads and writes its own rows of its own head and token, and bf16
+    mode the sums' final rounding."""
     lengths = [5, 0, 17]
     cu_seqlens = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(device)
     inputs = _inputs(device, 1, sum(lengths), heads, n, torch.float32, "loglog", seed=40, initial_state=False)

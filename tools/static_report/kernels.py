@@ -177,8 +177,8 @@ TRITON = {
     "wkv7 bwd N128 bf16": TritonCase(lambda: wkv7_launches(128, 32, backward=True)),
     "wkv7 fwd N256 bf16": TritonCase(lambda: wkv7_launches(256, 16)),
     "wkv7 bwd N256 bf16": TritonCase(lambda: wkv7_launches(256, 16, backward=True)),
-    # The backward's second kernel at N >= 128 (state rows split over programs): the key gradients' partial sums added.
-    "wkv7 bwd N128 combine bf16": TritonCase(lambda: wkv7_launches(128, 32, backward=True), kernel=1),
+    # The backward's second kernel at N = 256 (state rows split over programs): the key gradients' partial sums added.
+    "wkv7 bwd N256 combine bf16": TritonCase(lambda: wkv7_launches(256, 16, backward=True), kernel=1),
     "wkv7 decode N64 bf16": TritonCase(lambda: wkv7_launches(64, 64, tokens=1, with_state=True, save=False)),
     "wkv7 chunked fwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64)),
     "wkv7 chunked bwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True)),

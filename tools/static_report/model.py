@@ -17,13 +17,14 @@ The model (stated in the report too):
   as they run per token, Workload.inner_trips), on its lean path (the forward's every-16th-token checkpoint store
   left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The
   backwards name their token loops' trips per token instead (Workload.cuda_token_loops, triton_token_loops): the
-  recompute loop runs 1.5 times per token (CUDA at N = 128: 2.5), storing a state on (k + 1) / k of them in CUDA,
+  recompute loop runs 1.5 times per token (2.5 at N = 128), storing a state on (k + 1) / k of them in CUDA,
   1 in Triton (sub-chunks of k tokens), and the adjoint loop once, in CUDA on its work path (lane 0's gradient stores:
   every warp issues them), with a loop nested in it (N = 128: the column sum) taken Workload.inner_trips times.
-  (Triton predicates that state store, so its scratch column reads 0: the L2 rule above is what leaves it out of
-  the DRAM bytes.) The CUDA sequential kernels' token loops also run a branch that no path takes (no global store):
-  threads 0..N-1 stage each token's inputs in shared memory. Its instructions (the loop body's static count less
-  the work path's) are added in the share of warps that issue it (Workload.cuda_staging_share: N / threads).
+  (Triton predicates that state store, which no SASS path counts: its scratch is the workload's,
+  Workload.triton_scratch, under the same L2 rule.) The CUDA sequential kernels' token loops also run a branch that
+  no path takes (no global store): threads 0..N-1 stage each token's inputs in shared memory. Its instructions (the
+  loop body's static count less the work path's) are added in the share of warps that issue it
+  (Workload.cuda_staging_share: N / threads).
 - Sequential kernels are a dependent chain per token: a block cannot start token t+1 before token t. Occupancy
   (registers, shared memory, threads, 32 blocks per SM) gives the blocks resident per SM, hence w warps per
   scheduler. Per token a scheduler issues the I instructions of each of its w warps: >= w * I cycles (ILP enough to
@@ -36,7 +37,7 @@ The model (stated in the report too):
   once-per-sequence code not counted; the chain bounds as above with I the instructions per chunk and one DRAM
   latency per chunk.
 - Predicted = max(memory, issue, chain at its lower bound); the chain's upper bound is printed beside it. The
-  Triton backwards that split the state's rows over programs (N >= 128) write fp32 partial sums of five gradients,
+  Triton backward that splits the state's rows over programs (N = 256) writes fp32 partial sums of five gradients,
   which a second, memory-bound kernel adds after the first: its bytes' time is added to the prediction (and to the
   memory column), the partials' writes count in the first kernel's bytes.
 """
@@ -85,6 +86,7 @@ class Workload:
     scratch_per_block: int = 0  # scratch bytes a block keeps live (L2-resident if all resident blocks' fit)
     triton_blocks: int = 0  # Triton programs where its grid differs from CUDA's (0: blocks)
     triton_scratch_per_block: int = 0  # the same for the Triton kernel (0: scratch_per_block)
+    triton_scratch: int = 0  # the bytes the Triton kernel stores to its scratch (its stores are predicated)
     # A Triton backward that splits the state's rows over programs: the fp32 partial sums of the key-indexed
     # gradients it writes, and the bytes its second kernel (which adds them) reads (the partials, w again) and writes
     # (five of the gradients: out of the first kernel's share of the floor, into its own).
@@ -148,9 +150,10 @@ def _wkv7(backward: bool, heads: int, n: int, constants: dict, cuda: bool = True
                     b * heads, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     # Triton's recompute stores the state before each of the sub-chunk's tokens (1 per token), and
                     # its adjoint recomputes S_t from S_{t-1} instead of keeping it.
-                    triton_token_loops=((1, recompute(recurrent.SUB_CHUNK) - 1), (0, 1)) if backward else (),
+                    triton_token_loops=((1, recompute(recurrent.sub_chunk(n)) - 1), (0, 1)) if backward else (),
                     triton_blocks=b * heads * row_blocks,
-                    triton_scratch_per_block=recurrent.SUB_CHUNK * rows * n * 4 if backward else 0,  # k states' rows
+                    triton_scratch_per_block=recurrent.sub_chunk(n) * rows * n * 4 if backward else 0,  # k states' rows
+                    triton_scratch=b * t * heads * n * n * 4 if backward else 0,  # a state stored per token
                     triton_partials=partials, triton_combine_read=partials + tensor if split else 0,
                     triton_combine_written=5 * tensor if split else 0, **cuda_fields)
 
@@ -319,7 +322,7 @@ def predict(kernel, workload: Workload) -> Prediction:
             steps, per_step = workload.tokens, token_iteration(kernel, workload)
         thread_instructions = per_step.instructions * steps * blocks * threads
         stored = per_step.stored_unmasked * steps * blocks * threads
-        scratch = max(0, stored - workload.written)
+        scratch = workload.triton_scratch if triton else max(0, stored - workload.written)
         low = sum(max(w, 1) * per_step.instructions for w in waves)
         high = sum(max(w, FMA_LATENCY) * per_step.instructions + DRAM_LATENCY for w in waves)
         chain = (steps * low / CLOCK_HZ, steps * high / CLOCK_HZ)

@@ -4,21 +4,23 @@ The fp32 state S [N_v, N_k] (row i = value index, the RWKV-LM layout) lives in r
 block of its rows as one 2-D block, and each token is a few broadcasts and row/column reductions on it (no tl.dot, so
 no tensor-core rounding):
     d = decay(w); sa = S a; S = S * d[None, :] + sa b^T + v k^T; y = S r.
-Rows evolve independently (sa, the update and y are per row), so the forward splits them freely: one warp per
-program holds a few rows (FWD_ROWS_AND_WARPS), which keeps every reduction inside a warp (shuffles; a multi-warp
-program pays a shared-memory round trip and a barrier per reduction) and lets enough programs be resident to run the
-benchmark's grid in one or two waves. It saves an fp32 checkpoint of S before every CHUNK-th token.
+Every 2-D block of a kernel must have one layout: a state created by tl.zeros got another than the states loaded
+from memory, and the backward then converted its adjoint state through shared memory at every token (_load_state).
+Rows evolve independently (sa, the update and y are per row), so the forward splits them freely: at N >= 128 one
+warp per program holds a few rows (FWD_ROWS_AND_WARPS), which keeps every reduction inside a warp (shuffles, where a
+multi-warp program pays a shared-memory round trip and a barrier per reduction) and lets the benchmark's grid run in
+two or three waves of many resident programs. It saves an fp32 checkpoint of S before every CHUNK-th token.
 
-The backward walks the chunks backwards, and each chunk's sub-chunks of SUB_CHUNK tokens backwards: it recomputes the
-chunk from its checkpoint up to the sub-chunk's end, keeping the sub-chunk's states in a per-program scratch buffer
-(exactly the forward's arithmetic), then runs the sub-chunk's adjoint recurrence token by token in reverse.
-Sub-chunks cost 1.5 recompute steps per token and keep the scratch of every resident program within an H100's 50 MB
-L2, as the CUDA twin does (whole 16-token chunks streamed ~33 GB of scratch through DRAM at B8 T4096 H64 N64). No
-backstepping (dividing by the decay), so the backward is as precise as the forward for any decay. The gradients of
-r, w, k, a and b are sums over all rows, so at N >= 128, where a whole state per program spilled in every token
-(1.6 KB at N = 128, 18 KB at N = 256), the rows are split over BWD_ROWS_AND_WARPS programs that store fp32 partial
-sums, added in a fixed order (deterministic) by a second kernel. That costs 20 B per row block per element of r of
-temporary memory (N = 128: 2 blocks, 40 B; N = 256: 4 blocks, 80 B), about what the forward's checkpoints take.
+The backward walks the chunks backwards, and each chunk's sub-chunks of sub_chunk(N) tokens backwards: it recomputes
+the chunk from its checkpoint up to the sub-chunk's end, keeping the sub-chunk's states in a per-program scratch
+buffer (exactly the forward's arithmetic), then runs the sub-chunk's adjoint recurrence token by token in reverse.
+Sub-chunks cost 1.5 recompute steps per token (2.5 at N >= 128) and keep the scratch of every resident program
+within an H100's 50 MB L2, as the CUDA twin does (whole 16-token chunks streamed ~33 GB of scratch through DRAM at
+B8 T4096 H64 N64). No backstepping (dividing by the decay), so the backward is as precise as the forward for any
+decay. The gradients of r, w, k, a and b are sums over all rows, so splitting the rows needs partial sums: only
+N = 256, where a whole state per program spills 12 KB, splits (BWD_ROWS_AND_WARPS: 4 blocks of 64 rows), its
+programs storing fp32 partial sums that a second kernel adds in a fixed order (deterministic): 80 B of temporary
+memory per element of r, about what the forward's checkpoints take at that head size.
 
 Precision: the state, the decay, sa and every sum are fp32 always (the decay can be within 1e-3 of 1, where bf16
 cannot tell d from 1). LOW_PRECISION (the RWKV-LM bf16 mode) rounds the inputs to bf16 on load and y and the input
@@ -36,15 +38,21 @@ import triton.language as tl
 from ..decay import log_decay_from_raw, log_decay_from_raw_grad
 
 CHUNK = 16
-SUB_CHUNK = 8
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
 # Per head size N, (state rows per program, warps per program), chosen from the static report's predictions
-# (benchmarks/NOTES.md, "Triton WKV7: state rows split over programs"). Backward: the fewest row blocks that keep
-# the token loops free of spills (each block adds partial sums to store and add up).
-FWD_ROWS_AND_WARPS = {32: (32, 1), 64: (16, 1), 128: (8, 1), 256: (8, 1)}
-BWD_ROWS_AND_WARPS = {32: (32, 2), 64: (64, 4), 128: (64, 8), 256: (64, 16)}
+# (benchmarks/NOTES.md, "Triton WKV7: one layout per state, rows split over programs"). Backward: the fewest row
+# blocks that keep the token loops free of spills (each block adds partial sums to store and add up).
+FWD_ROWS_AND_WARPS = {32: (32, 2), 64: (64, 4), 128: (8, 1), 256: (8, 1)}
+BWD_ROWS_AND_WARPS = {32: (32, 2), 64: (64, 4), 128: (128, 8), 256: (64, 16)}
 COMBINE_BLOCK = 1024  # elements per program of the kernel that adds the backward's partial sums
+
+
+def sub_chunk(n: int) -> int:
+    """The backward's sub-chunk at head size n: its states of every resident program fit the L2 (34 MB at the
+    benchmark's shapes; 8 at N = 128 would stream ~70 MB of scratch through DRAM), as the CUDA twin's
+    wkv7_backward_sub_chunk."""
+    return 4 if n >= 128 else 8
 
 
 def checkpoint_slots(tokens: int, n_seqs: int) -> int:
@@ -133,10 +141,13 @@ def launch_grid(n_seqs: int, heads: int, row_blocks: int = 1) -> tuple:
 
 
 @triton.jit
-def _load_state(ptr, offsets, GIVEN: tl.constexpr, ROWS: tl.constexpr, N: tl.constexpr):
+def _load_state(ptr, offsets, GIVEN: tl.constexpr):
+    """The state at ptr + offsets, or zeros (nothing read) in the layout that a load of it gets. (With tl.zeros, the
+    backward's adjoint state was carried in another layout than the states it meets, and converted through shared
+    memory at every token: at N = 64, 2,035 instructions per adjoint step instead of 1,177, and 255 registers.)"""
     if GIVEN:
         return tl.load(ptr + offsets)
-    return tl.zeros((ROWS, N), dtype=tl.float32)
+    return tl.load(ptr + offsets, mask=offsets < 0, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -159,7 +170,7 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
                      LOW_PRECISION: tl.constexpr, HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
     n, h, bos, eos, row_block, rows, cols, mat = _program(cu_ptr, T, H, N, ROWS, VARLEN)
     state_at = (n * H + h) * N * N + mat
-    S = _load_state(s0_ptr, state_at, HAS_S0, ROWS, N)
+    S = _load_state(s0_ptr, state_at, HAS_S0)
     slot0 = bos // CHUNK + n
     for c in range(0, tl.cdiv(eos - bos, CHUNK)):
         t0 = bos + c * CHUNK
@@ -185,7 +196,7 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
     n, h, bos, eos, row_block, rows, cols, mat = _program(cu_ptr, T, H, N, ROWS, VARLEN)
     state_at = (n * H + h) * N * N + mat
     # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
-    dS = _load_state(gsT_ptr, state_at, HAS_GST, ROWS, N)
+    dS = _load_state(gsT_ptr, state_at, HAS_GST)
     scratch = scratch_ptr + (n * H + h) * SUB * N * N + mat
     numel = numel.to(tl.int64)  # 5 * numel can pass 2^31
     partial = partial_ptr + row_block * 5 * numel
@@ -298,13 +309,13 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     rows, warps = BWD_ROWS_AND_WARPS[n]
     row_blocks = n // rows
     numel = r.numel()
-    scratch = r.new_empty((n_seqs, heads, SUB_CHUNK, n, n), dtype=checkpoints.dtype)
-    # fp32 partial sums of the key-indexed gradients, one set per row block (none when one block has every row).
-    partial = r.new_empty((row_blocks, 5, numel) if row_blocks > 1 else (0,), dtype=torch.float32)
+    scratch = r.new_empty((n_seqs, heads, sub_chunk(n), n, n), dtype=checkpoints.dtype)
+    # fp32 partial sums of the key-indexed gradients, one set per row block (unused when one block has every row).
+    partial = r.new_empty((row_blocks, 5, numel), dtype=torch.float32) if row_blocks > 1 else grad_initial
     _wkv7_bwd_kernel[launch_grid(n_seqs, heads, row_blocks)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
         grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, partial, numel, seqlen,
-        heads, N=n, ROWS=rows, CHUNK=CHUNK, SUB=SUB_CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
+        heads, N=n, ROWS=rows, CHUNK=CHUNK, SUB=sub_chunk(n), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
         HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None, num_warps=warps)
     if row_blocks > 1 and numel > 0:
         dr, dw, dk, _, da, db = grads

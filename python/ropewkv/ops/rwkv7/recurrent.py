@@ -207,6 +207,8 @@ def wkv7_triton(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tens
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] or None). Differentiable wrt r..b
         and initial_state, including through final_state.
+    Memory: training saves one fp32 state per 16 tokens (T / 16 x N^2 x 4 bytes per sequence and head); at N = 256
+    the backward also takes fp32 partial sums, 80 bytes per element of r, freed when it returns.
     """
     _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision)
     tensors = (r, w, k, v, a, b, initial_state)
