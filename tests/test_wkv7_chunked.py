@@ -67,6 +67,30 @@ def test_matches_fp64_reference(device, case, decay):
         _check(_run(backend, inputs, decay, "fp32", cot_y, cot_s, cu), reference, FP32_RMS, (backend, case, decay))
 
 
+@pytest.mark.parametrize("precision", ("fp32", "bf16"))
+def test_triton_state_columns_split_over_programs(device, monkeypatch, precision):
+    """The Triton forward's second kernel with a head's state columns over two programs (VALUE_BLOCK 16 at N = 32;
+    the shipped blocks split only at N >= 128, which the interpreter is too slow for): packed sequences of 5, 0 and 19
+    tokens (a gap slot, a short and a long last chunk) from initial states, against fp64, forward and backward."""
+    if "triton" not in kernel_backends(device):
+        pytest.skip(f"the triton backend cannot run on {device.type} here")
+    from ropewkv.triton_kernels.rwkv7 import chunked
+
+    monkeypatch.setitem(chunked.VALUE_BLOCK, 32, 16)
+    bounds = [0, 5, 5, 24]
+    gen = seeded(21)
+    inputs = parity.rwkv7_inputs(1, 24, 2, 32, torch.float32, "loglog", gen, device)
+    inputs["initial_state"] = torch.randn(3, 2, 32, 32, generator=gen).to(device)
+    cu = torch.tensor(bounds, device=device)
+    cot_y, cot_s = parity.cotangents(inputs, 3, gen, device)
+    oracle_inputs = dict(inputs)
+    if precision == "bf16":  # the kernel rounds every input through bf16 on load: so does the oracle's copy
+        oracle_inputs.update({n: inputs[n].to(torch.bfloat16).float() for n in NAMES})
+    reference = parity.oracle(oracle_inputs, "loglog", cot_y, cot_s, cu_seqlens=cu)
+    bound = FP32_RMS if precision == "fp32" else parity.tolerance(torch.float32, "bf16", 24).rms
+    _check(_run("triton", inputs, "loglog", precision, cot_y, cot_s, cu), reference, bound, precision)
+
+
 def test_cpu_twin_long_sequence_matches_sequential_and_reference():
     """T = 250 (15 full chunks and a short last one): chunked and sequential CPU twins both near fp64."""
     gen = seeded(7)

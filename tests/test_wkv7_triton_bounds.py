@@ -1,5 +1,5 @@
-"""The Triton WKV7 launchers stay in bounds whatever cu_seqlens holds, and fit any head count in the grid (issue 12
-item 7).
+"""The Triton WKV7 launchers (recurrent and chunked) stay in bounds whatever cu_seqlens holds, and fit any head count
+in the grid (issue 12 item 7).
 
 Under torch.compile the Python checks of cu_seqlens' values are skipped (they need a host sync), so the kernels clamp
 the offsets as the CUDA twin does (wkv7::sequence_range: start into [0, T], end into [start, T]). Tested on the
@@ -12,7 +12,7 @@ import torch
 
 from ropewkv.testing import seeded
 from ropewkv.testing.rwkv7 import rwkv7_inputs
-from ropewkv.triton_kernels.rwkv7 import recurrent
+from ropewkv.triton_kernels.rwkv7 import chunked, recurrent
 from conftest import kernel_backends
 
 NAMES = ("r", "w", "k", "v", "a", "b")
@@ -43,8 +43,14 @@ def margins_untouched(buffer, length):
     return bool((outside == SENTINEL).all())
 
 
-def run(device, cu_seqlens, n_seqs, backward):
+# The chunked launchers take one more argument (bf16_dots), off here.
+LAUNCHERS = {"recurrent": (recurrent.wkv7_forward, recurrent.wkv7_backward, ()),
+             "chunked": (chunked.wkv7_forward, chunked.wkv7_backward, (False,))}
+
+
+def run(device, cu_seqlens, n_seqs, backward, algorithm):
     """Forward (and backward) through windowed tensors: the outputs, and whether every margin kept its sentinel."""
+    forward_launcher, backward_launcher, extra = LAUNCHERS[algorithm]
     inputs = rwkv7_inputs(1, T, H, N, torch.float32, "loglog", seeded(7), device)
     xs = [windowed((1, T, H, N), device, value=inputs[name])[1] for name in NAMES]
     cu = cu_seqlens.to(device)
@@ -52,14 +58,14 @@ def run(device, cu_seqlens, n_seqs, backward):
     final_buf, final = windowed((1, n_seqs, H, N, N), device, SENTINEL)
     slots = recurrent.checkpoint_slots(T, n_seqs)
     ckpt_buf, ckpt = windowed((1, slots, H, N, N), device, SENTINEL)
-    recurrent.wkv7_forward(*xs, None, cu, y, final[0], ckpt[0], "loglog", False)
+    forward_launcher(*xs, None, cu, y, final[0], ckpt[0], "loglog", False, *extra)
     outputs = [y, final, ckpt]
     in_bounds = [margins_untouched(y_buf, T), margins_untouched(final_buf, n_seqs), margins_untouched(ckpt_buf, slots)]
     if backward:
         gy = windowed((1, T, H, N), device, value=torch.randn(1, T, H, N, generator=seeded(8)))[1]
         grad_bufs, grads = zip(*(windowed((1, T, H, N), device, SENTINEL) for _ in NAMES))
         gs0_buf, gs0 = windowed((1, n_seqs, H, N, N), device, SENTINEL)
-        recurrent.wkv7_backward(*xs, cu, ckpt[0], gy, None, list(grads), gs0[0], "loglog", False)
+        backward_launcher(*xs, cu, ckpt[0], gy, None, list(grads), gs0[0], "loglog", False, *extra)
         outputs += [*grads, gs0]
         in_bounds += [margins_untouched(g, T) for g in grad_bufs] + [margins_untouched(gs0_buf, n_seqs)]
     return outputs, in_bounds
@@ -69,12 +75,13 @@ def run(device, cu_seqlens, n_seqs, backward):
 CASES = [([-20, 10, 30, 5], [0, 10, 24, 24]), ([-(2**31), 2**31 - 1], [0, 24]), ([0, 30, 28, 24], [0, 24, 24, 24])]
 
 
+@pytest.mark.parametrize("algorithm", LAUNCHERS)
 @pytest.mark.parametrize("malformed, clamped", CASES)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_malformed_cu_seqlens_read_as_clamped(device, malformed, clamped, index_dtype):
+def test_malformed_cu_seqlens_read_as_clamped(device, malformed, clamped, index_dtype, algorithm):
     n_seqs = len(malformed) - 1
-    got, in_bounds = run(device, torch.tensor(malformed, dtype=index_dtype), n_seqs, backward=True)
-    want, _ = run(device, torch.tensor(clamped, dtype=index_dtype), n_seqs, backward=True)
+    got, in_bounds = run(device, torch.tensor(malformed, dtype=index_dtype), n_seqs, True, algorithm)
+    want, _ = run(device, torch.tensor(clamped, dtype=index_dtype), n_seqs, True, algorithm)
     assert all(in_bounds)
     # Checkpoint slots and tokens that no (clamped) sequence covers keep their sentinel in both runs.
     for g, w in zip(got, want):
@@ -82,10 +89,11 @@ def test_malformed_cu_seqlens_read_as_clamped(device, malformed, clamped, index_
         assert not g.isnan().any()
 
 
+@pytest.mark.parametrize("algorithm", LAUNCHERS)
 @pytest.mark.parametrize("malformed", [[3, 3, -5, 24], [7, -(2**40), 2**40, -1], [2**40, 0]])
-def test_overlapping_garbage_stays_in_bounds(device, malformed):
+def test_overlapping_garbage_stays_in_bounds(device, malformed, algorithm):
     """Offsets whose clamped sequences overlap have no meaning, but reach no memory outside the tensors."""
-    outputs, in_bounds = run(device, torch.tensor(malformed), len(malformed) - 1, backward=True)
+    outputs, in_bounds = run(device, torch.tensor(malformed), len(malformed) - 1, True, algorithm)
     assert all(in_bounds)
     assert not any(x.isnan().any() for x in outputs)
 

@@ -180,13 +180,19 @@ TRITON = {
     # The backward's second kernel at N = 256 (state rows split over programs): the key gradients' partial sums added.
     "wkv7 bwd N256 combine bf16": TritonCase(lambda: wkv7_launches(256, 16, backward=True), kernel=1),
     "wkv7 decode N64 bf16": TritonCase(lambda: wkv7_launches(64, 64, tokens=1, with_state=True, save=False)),
-    "wkv7 chunked fwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64)),
+    # The chunked forward's two kernels: the state-independent part of every chunk, then the pass over the chunks.
+    "wkv7 chunked fwd prep N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64)),
+    "wkv7 chunked fwd state N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64), kernel=1),
+    "wkv7 chunked fwd prep N128 bf16": TritonCase(lambda: wkv7_chunked_launches(128, 32)),
+    "wkv7 chunked fwd state N128 bf16": TritonCase(lambda: wkv7_chunked_launches(128, 32), kernel=1),
     "wkv7 chunked bwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True)),
     # N = 32 (8 warps) and 128 backward: spill-free since tritonbwd, guarded here.
     "wkv7 chunked bwd N32 bf16": TritonCase(lambda: wkv7_chunked_launches(32, 64, backward=True)),
     "wkv7 chunked bwd N128 bf16": TritonCase(lambda: wkv7_chunked_launches(128, 32, backward=True)),
-    # precision="bf16": the split bf16 tensor-core products (the backward's compile takes minutes: left out).
-    "wkv7 chunked fwd N64 bf16-dots": TritonCase(lambda: wkv7_chunked_launches(64, 64, low_precision=True)),
+    # precision="bf16": the split bf16 tensor-core products (the backward's compile takes minutes: left out; the
+    # forward's prep has none).
+    "wkv7 chunked fwd state N64 bf16-dots": TritonCase(lambda: wkv7_chunked_launches(64, 64, low_precision=True),
+                                                       kernel=1),
     "log_decay fwd bf16": TritonCase(lambda: _log_decay(False)),
     "log_decay bwd bf16": TritonCase(lambda: _log_decay(True)),
 }

@@ -1,10 +1,18 @@
 """Triton twin of the chunked RWKV-7 WKV (derivation: python/ropewkv/ops/rwkv7/chunked.md; the symbols are its).
 
-One program per (sequence, head) walks its chunks of L = 16 tokens. The fp32 state is held transposed, ST [N_k, N_v],
-so that every product with it is a tl.dot: per chunk
+The fp32 state is held transposed, ST [N_k, N_v], so that every product with it is a tl.dot. Per chunk, with
+T = (I - Ab)^{-1} = (I + Ab)(I + Ab^2)(I + Ab^4)(I + Ab^8)  (Ab^16 = 0),
 
-    X = A~ ST + Ak V,   U = T X  with T = (I - Ab)^{-1} = (I + Ab)(I + Ab^2)(I + Ab^4)(I + Ab^8)  (Ab^16 = 0),
-    Y = R~ ST + Qb U + Qk V,    ST <- diag(E[L][0]) ST + B^^T U + K^^T V.
+    U = T (A~ ST + Ak V) = W ST + M V            with W = T A~, M = T Ak,
+    Y = R~ ST + Qb U + Qk V = R' ST + Q' V       with R' = R~ + Qb W, Q' = Qb M + Qk,
+    ST <- diag(E[L][0]) ST + B^^T U + K^^T V.
+
+Forward: everything but ST depends on the chunk's own r, w, k, a, b only, so a first kernel forms W, R', B^, K^,
+E[L][0], M and Q' for every chunk at once (a program per (chunk, head): the masked products, the exps and the
+solve, which are most of the work, run on the whole GPU), into a temporary fp32 buffer (prep_floats per chunk and
+head); a second kernel walks the chunks in order, a program per (sequence, head, VALUE_BLOCK columns of ST: the
+columns evolve independently), doing only the products with the state. Its chain per chunk is six small dots.
+The backward is one program per (sequence, head) walking the chunks backwards, recomputing each from its checkpoint.
 
 The masked decay products Ab, Ak, Qb, Qk are [L, L, N] broadcasts of exp(c_x - c_y) with the exponent masked to
 -inf outside x >= y (exp gives 0 there), so every decay factor formed is <= 1: no cumulative decay is divided by.
@@ -12,27 +20,30 @@ The chunk's cumulative log decays c come from tl.cumsum of log d over the chunk'
 
 Registers: every product with the state either contracts over k or is indexed by k, and every other k-indexed
 quantity (c, the decays, A~, R~, B^, K^ and the gradients of r, w, k, a, b) is per column k. So each pass over the
-chunk runs over BK = 16-column slices of k (a runtime loop: one slice's code, so no two slices are live at once),
-reloading the slice's rows and recomputing its c, with the state (forward: ST in the final-state output; backward:
-S0^T from the checkpoint and G^T in the initial-state gradient output) read and written in [BK, N] slices of global
-memory, a barrier between a slice's last read and its write. The backward's products over v run in BK-column slices
-of v too, U and dX through a per-program scratch. No [N, N] block, no [L, L, N] decay block and no dot contracting
-over N is ever in registers (an FMA dot's operands take (rows + columns per thread) x K registers: 256 for a
-[16, 64] x [64, 64] product at 8 warps). Every address is a 64-bit scalar base (the chunk's first row, the program's
-state, checkpoint slot or scratch) plus 32-bit per-thread offsets: 64-bit per-thread pointers held across the
-chunk loop were what the backward spilled.
+chunk (in the prep, the state pass and the backward) runs over BK = 16-column slices of k (a runtime loop: one
+slice's code, so no two slices are live at once), reloading the slice's rows and recomputing its c, with the state
+(forward: ST in the final-state output, each program its columns; backward: S0^T from the checkpoint and G^T in the
+initial-state gradient output) read and written in [BK, N] slices of global memory, a barrier between a slice's last
+read and its write. The backward's products over v run in BK-column slices of v too, U and dX through a per-program
+scratch. No [N, N] block, no [L, L, N] decay block and no dot contracting over N is ever in registers (an FMA dot's
+operands take (rows + columns per thread) x K registers: 256 for a [16, 64] x [64, 64] product at 8 warps). Every
+address is a 64-bit scalar base (the chunk's first row, the program's state, checkpoint slot or scratch) plus 32-bit
+per-thread offsets: 64-bit per-thread pointers held across the chunk loop were what the backward spilled.
 
 Precision: every dot takes input_precision="ieee" (exact fp32 products, fp32 accumulate; the GPU default would be
 TF32, and "ieee" runs on the FMA units, not the tensor cores). BF16_DOTS (precision="bf16") runs each N-sized
 product on bf16 tensor cores as three products of hi/lo bf16 splits of both operands, fp32 accumulate (see _dot):
 ~2^-16 relative per product, so the bf16 mode's error is its I/O rounding alone, as in the sequential twins; the
-16 x 16 products that build T stay "ieee". The state, decays and every sum stay fp32. The interpreter cannot run
+16 x 16 x 16 products (T, M, Q') stay "ieee". The state, decays and every sum stay fp32. The interpreter cannot run
 bf16 dots (notes: "silently wrong"), so there the bf16 operands are held in fp32 and multiplied exactly: the same
-numbers a bf16 tensor-core dot produces, up to accumulation order. LOW_PRECISION (the RWKV-LM bf16 mode) also rounds the inputs on load and outputs on store.
+numbers a bf16 tensor-core dot produces, up to accumulation order. LOW_PRECISION (the RWKV-LM bf16 mode) also
+rounds the inputs on load and outputs on store.
 
 Sequences and checkpoints as the recurrent kernel: chunks start at each sequence's first token; the checkpoint of
-chunk c of sequence n (ST before it, k-major) is slot cu[n] // L + n + c.
+chunk c of sequence n (ST before it, k-major) is slot cu[n] // L + n + c, and the prep of that chunk is in the
+same slot of the prep buffer (its first kernel finds a slot's sequence by binary search over cu_seqlens).
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -42,9 +53,13 @@ from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
-NUM_WARPS = {32: 4, 64: 8, 128: 8, 256: 8}
+# The forward's kernels: the prep (a program per chunk and head) and the state pass (a program per sequence, head and
+# VALUE_BLOCK state columns).
+PREP_NUM_WARPS = {32: 4, 64: 4, 128: 4, 256: 4}
+VALUE_BLOCK = {32: 32, 64: 64, 128: 64, 256: 64}
+STATE_NUM_WARPS = {32: 4, 64: 4, 128: 4, 256: 4}
 # The backward at N = 32 on 4 warps: 255 registers and ~200-400 B spilled ([16, 16, 16] decay blocks, 32 per thread).
-BWD_NUM_WARPS = {**NUM_WARPS, 32: 8}
+BWD_NUM_WARPS = {32: 8, 64: 8, 128: 8, 256: 8}
 # The backward's innermost (v-slice) loop's pipelining depth: 3 at N = 128 takes its last 12 B of spills (Triton 3.7;
 # 3.6: 20 -> 16 B) where at N = 64 it would spill 8 B.
 BWD_V_STAGES = {32: 2, 64: 2, 128: 3, 256: 2}
@@ -76,7 +91,7 @@ def _dot(x, y, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _load_rows(ptr, at, mask, LOW_PRECISION: tl.constexpr):
     x = tl.load(ptr + at, mask=mask, other=0.0).to(tl.float32)
-    if LOW_PRECISION:
+    if LOW_PRECISION and ptr.dtype.element_ty != tl.bfloat16:  # bf16 inputs are bf16 already
         x = _rne_bf16(x)
     return x
 
@@ -134,12 +149,23 @@ def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L: tl.const
 
 
 @triton.jit
-def _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq):
-    """Ab, Ak, Qb, Qk [L, L] plus one column slice's share (the sums over j of x_l[j] y_m[j] E[.][m+1][j])."""
-    Ab += tl.sum(a[:, None, :] * Eb * b[None, :, :], axis=2)
-    Ak += tl.sum(a[:, None, :] * Eb * k[None, :, :], axis=2)
-    Qb += tl.sum(r[:, None, :] * Eq * b[None, :, :], axis=2)
-    Qk += tl.sum(r[:, None, :] * Eq * k[None, :, :], axis=2)
+def _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, ca, cb, L: tl.constexpr):
+    """Ab, Ak, Qb, Qk [L, L] plus one column slice's share (the sums over j of x_l[j] y_m[j] E[.][m+1][j], the
+    decays as in _masked_decays), with the column j as the leading axis of the [BK, L, L] broadcasts: the compiler
+    spreads a block's last axes over lanes and warps, so the sums over j stay within each thread (in [L, L, BK] form
+    they were four 16-lane shuffle reductions per entry: 1,802 instructions per slice in the forward, now 955)."""
+    rows = tl.arange(0, L)
+    strict = (rows[None, :] < rows[:, None])[None, :, :]
+    incl = (rows[None, :] <= rows[:, None])[None, :, :]
+    ca_t = tl.trans(ca)
+    aE = tl.trans(a)[:, :, None] * tl.exp(tl.where(strict, tl.trans(cb)[:, :, None] - ca_t[:, None, :], float("-inf")))
+    rE = tl.trans(r)[:, :, None] * tl.exp(tl.where(incl, ca_t[:, :, None] - ca_t[:, None, :], float("-inf")))
+    b_t = tl.trans(b)[:, None, :]
+    k_t = tl.trans(k)[:, None, :]
+    Ab += tl.sum(aE * b_t, axis=0)
+    Ak += tl.sum(aE * k_t, axis=0)
+    Qb += tl.sum(rE * b_t, axis=0)
+    Qk += tl.sum(rE * k_t, axis=0)
     return Ab, Ak, Qb, Qk
 
 
@@ -168,55 +194,122 @@ def _init_state_slices(src_ptr, dst_ptr, N: tl.constexpr, BK: tl.constexpr, HAS_
 
 
 @triton.jit
-def _chunked_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
-                        N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr,
-                        BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_S0: tl.constexpr,
-                        VARLEN: tl.constexpr, SAVE: tl.constexpr):
-    """k runs in BK-row slices of ST, kept in sT (the output) between chunks: see the module docstring."""
-    n, h, bos, eos = _sequence(tl.program_id(0).to(tl.int64), cu_ptr, T, H, VARLEN)
-    offs = tl.arange(0, N)
-    kk = tl.arange(0, BK)
+def _slot0(n, cu_ptr, T, L: tl.constexpr, VARLEN: tl.constexpr):
+    """Sequence n's first prep and checkpoint slot, bos // L + n (bos clamped as _sequence does): increasing in n."""
+    if VARLEN:
+        bos = tl.minimum(tl.maximum(tl.load(cu_ptr + n).to(tl.int64), 0), T)
+    else:
+        bos = n * T
+    return bos // L + n
+
+
+@triton.jit
+def _chunk_of_slot(slot, cu_ptr, n_seqs, T, L: tl.constexpr, VARLEN: tl.constexpr):
+    """The sequence n and chunk c whose slot is `slot`: n by binary search over _slot0 (no host sync for varlen).
+    Gap slots (past their sequence's last chunk) get a c whose rows are all invalid; c >= 0 even for malformed
+    cu_seqlens, so every row read lies in [bos, eos)."""
+    lo = slot * 0
+    hi = lo + n_seqs
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        later = _slot0(mid, cu_ptr, T, L, VARLEN) <= slot
+        lo = tl.where(later, mid, lo)
+        hi = tl.where(later, hi, mid)
+    return lo, tl.maximum(slot - _slot0(lo, cu_ptr, T, L, VARLEN), 0)
+
+
+@triton.jit
+def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T, H, n_seqs,
+                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr,
+                         LOW_PRECISION: tl.constexpr, VARLEN: tl.constexpr):
+    """The state-independent part of one chunk and head (a program per (slot, head), all chunks at once): W = T A~,
+    R' = R~ + Qb W, B^, K^ [L, N], E[L][0] [N], M = T Ak, Q' = Qb M + Qk [L, L], stored in that order at prep. Its
+    dots are all 16 x 16 x 16 ("ieee" in both precision modes)."""
+    program = tl.program_id(0).to(tl.int64)
+    n, c = _chunk_of_slot(program // H, cu_ptr, n_seqs, T, L, VARLEN)
+    h = program % H
+    _, _, bos, eos = _sequence(n * H + h, cu_ptr, T, H, VARLEN)
     rows = tl.arange(0, L)
+    kk = tl.arange(0, BK)
+    HN = H * N
+    row0 = ((bos + c * L) * H + h) * N
+    valid = (rows < eos - bos - c * L)[:, None]
+    prep = prep_ptr + program * (4 * L * N + N + 2 * L * L)
+    Ab = tl.zeros((L, L), dtype=tl.float32)
+    Ak = tl.zeros((L, L), dtype=tl.float32)
+    Qb = tl.zeros((L, L), dtype=tl.float32)
+    Qk = tl.zeros((L, L), dtype=tl.float32)
+    for j0 in range(0, N, BK):
+        r, k, a, b, dlog, ca, cb, clast = _columns(
+            r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
+        Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, ca, cb, L)
+    Tm = _solve_matrix(Ab, L)
+    M = tl.dot(Tm, Ak, input_precision="ieee")
+    square_at = rows[:, None] * L + rows[None, :]
+    tl.store(prep + 4 * L * N + N + square_at, M)
+    tl.store(prep + 4 * L * N + N + L * L + square_at, Qk + tl.dot(Qb, M, input_precision="ieee"))
+    slice_at = rows[:, None] * N + kk[None, :]
+    for j0 in range(0, N, BK):
+        r, k, a, b, dlog, ca, cb, clast = _columns(
+            r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
+        W = tl.dot(Tm, a * tl.exp(cb), input_precision="ieee")
+        rest = tl.exp(clast[None, :] - ca)
+        tl.store(prep + j0 + slice_at, W)
+        tl.store(prep + L * N + j0 + slice_at, r * tl.exp(ca) + tl.dot(Qb, W, input_precision="ieee"))
+        tl.store(prep + 2 * L * N + j0 + slice_at, b * rest)
+        tl.store(prep + 3 * L * N + j0 + slice_at, k * rest)
+        tl.store(prep + 4 * L * N + j0 + kk, tl.exp(clast))
+
+
+@triton.jit
+def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
+                          N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
+                          HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
+    """The chunks of one (sequence, head) in order, for BV value columns of the state (a program per (sequence,
+    head, value block)): U = W ST + M V, Y = R' ST + Q' V, ST <- diag(E[L][0]) ST + B^^T U + K^^T V, the state's
+    [N, BV] block kept in sT (the output) and read and written in [BK, BV] slices: see the module docstring."""
+    program = tl.program_id(0).to(tl.int64)
+    n, h, bos, eos = _sequence(program // (N // BV), cu_ptr, T, H, VARLEN)
+    v0 = (program % (N // BV)) * BV
+    rows = tl.arange(0, L)
+    kk = tl.arange(0, BK)
+    vv = tl.arange(0, BV)
     HN = H * N
     # ST[k][v] = S[v][k] at v * N + k of this program's sT (and s0); k-major in the checkpoints.
-    sT = sT_ptr + (n * H + h) * N * N
-    _init_state_slices(s0_ptr + (n * H + h) * N * N, sT, N, BK, HAS_S0)
-    state_at = offs[None, :] * N + kk[:, None]   # + j0: slice j0 of ST
-    ckpt_at = kk[:, None] * N + offs[None, :]    # + j0 * N
-    rows_at = rows[:, None] * HN + offs[None, :]
+    sT = sT_ptr + (n * H + h) * N * N + v0 * N
+    state_at = vv[None, :] * N + kk[:, None]     # + j0: slice j0 of the block
+    for j0 in range(0, N, BK):
+        if HAS_S0:
+            x = tl.load(s0_ptr + (n * H + h) * N * N + v0 * N + j0 + state_at)
+        else:
+            x = tl.zeros((BK, BV), dtype=tl.float32)
+        tl.store(sT + j0 + state_at, x)
+    tl.debug_barrier()
+    ckpt_at = kk[:, None] * N + vv[None, :]      # + j0 * N
+    rows_at = rows[:, None] * HN + vv[None, :]   # + v0
+    slice_at = rows[:, None] * N + kk[None, :]   # + j0
+    square_at = rows[:, None] * L + rows[None, :]
     slot0 = bos // L + n
     for c in range(0, tl.cdiv(eos - bos, L)):
-        row0 = ((bos + c * L) * H + h) * N
+        row0 = ((bos + c * L) * H + h) * N + v0
         valid = (rows < eos - bos - c * L)[:, None]
+        prep = prep_ptr + ((slot0 + c) * H + h) * (4 * L * N + N + 2 * L * L)
         v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
-        # X = A~ S0^T (+ Ak V below), R~ S0^T and the masked products, summed over the k slices.
-        Ab = tl.zeros((L, L), dtype=tl.float32)
-        Ak = tl.zeros((L, L), dtype=tl.float32)
-        Qb = tl.zeros((L, L), dtype=tl.float32)
-        Qk = tl.zeros((L, L), dtype=tl.float32)
-        X = tl.zeros((L, N), dtype=tl.float32)
-        Y = tl.zeros((L, N), dtype=tl.float32)
+        U = _dot(tl.load(prep + 4 * L * N + N + square_at), v, BF16_DOTS, INTERPRET)
+        Y = _dot(tl.load(prep + 4 * L * N + N + L * L + square_at), v, BF16_DOTS, INTERPRET)
         for j0 in range(0, N, BK):
-            r, k, a, b, dlog, ca, cb, clast = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
-            Eb, Eq = _masked_decays(ca, cb, L)
-            Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq)
             ST = tl.load(sT + j0 + state_at)
             if SAVE:
-                tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + j0 * N + ckpt_at, ST)
-            X += _dot(a * tl.exp(cb), ST, BF16_DOTS, INTERPRET)
-            Y += _dot(r * tl.exp(ca), ST, BF16_DOTS, INTERPRET)
-        U = _dot(_solve_matrix(Ab, L), X + _dot(Ak, v, BF16_DOTS, INTERPRET), BF16_DOTS, INTERPRET)
-        Y += _dot(Qb, U, BF16_DOTS, INTERPRET) + _dot(Qk, v, BF16_DOTS, INTERPRET)
+                tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + j0 * N + v0 + ckpt_at, ST)
+            U += _dot(tl.load(prep + j0 + slice_at), ST, BF16_DOTS, INTERPRET)
+            Y += _dot(tl.load(prep + L * N + j0 + slice_at), ST, BF16_DOTS, INTERPRET)
         _store_rows(y_ptr + row0, rows_at, Y, LOW_PRECISION, valid)
-        # ST <- diag(E[L][0]) ST + B^^T U + K^^T V, slice by slice.
         for j0 in range(0, N, BK):
-            r, k, a, b, dlog, ca, cb, clast = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
-            rest = tl.exp(clast[None, :] - ca)
             ST = tl.load(sT + j0 + state_at)
-            ST = (tl.exp(clast)[:, None] * ST + _dot(tl.trans(b * rest), U, BF16_DOTS, INTERPRET)
-                  + _dot(tl.trans(k * rest), v, BF16_DOTS, INTERPRET))
+            ST = (tl.load(prep + 4 * L * N + j0 + kk)[:, None] * ST
+                  + _dot(tl.trans(tl.load(prep + 2 * L * N + j0 + slice_at)), U, BF16_DOTS, INTERPRET)
+                  + _dot(tl.trans(tl.load(prep + 3 * L * N + j0 + slice_at)), v, BF16_DOTS, INTERPRET))
             tl.debug_barrier()  # every thread has read this slice (above, and in the first pass)
             tl.store(sT + j0 + state_at, ST)
         tl.debug_barrier()  # the next chunk reads the state written above
@@ -270,8 +363,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         for j0 in tl.range(0, N, BK, num_stages=1):
             r, k, a, b, dlog, ca, cb, clast = _columns(
                 r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
-            Eb, Eq = _masked_decays(ca, cb, L)
-            Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, Eb, Eq)
+            Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, ca, cb, L)
             rest = tl.exp(clast[None, :] - ca)
             X += _dot(a * tl.exp(cb), tl.load(ckpt + j0 * N + ckpt_at), BF16_DOTS, INTERPRET)
             GT = tl.load(grad + j0 + state_at)
@@ -383,20 +475,32 @@ def _check_row_offsets(heads: int, n: int):
                          f"Triton kernel, got {heads} * {n} = {heads * n}")
 
 
+def prep_floats(n: int) -> int:
+    """fp32 values per (chunk, head) that the forward's first kernel passes to its second (W, R', B^, K^, E[L][0],
+    M, Q'): 18.7 KB at N = 64, 34.8 KB at N = 128 (the checkpoint: 16 and 64 KB)."""
+    return 4 * CHUNK * n + n + 2 * CHUNK * CHUNK
+
+
 def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, checkpoints, decay: str,
                  low_precision: bool, bf16_dots: bool):
-    """As recurrent.wkv7_forward (same arguments and checkpoint shape), chunked."""
+    """As recurrent.wkv7_forward (same arguments and checkpoint shape), chunked: two kernels, the state-independent
+    part of every chunk at once, then the chunks in order per (sequence, head, value block)."""
     batch, seqlen, heads, n = r.shape
     n_seqs = final_state.shape[0]
     if n_seqs * heads == 0:
         return
     _check_row_offsets(heads, n)
-    _chunked_fwd_kernel[launch_grid(n_seqs, heads)](
-        r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
-        y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
-        N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
-        INTERPRET=_interpreting(), HAS_S0=initial_state is not None, VARLEN=cu_seqlens is not None,
-        SAVE=checkpoints is not None, num_warps=NUM_WARPS[n])
+    slots = checkpoint_slots(batch * seqlen, n_seqs)
+    prep = r.new_empty((slots, heads, prep_floats(n)), dtype=torch.float32)
+    cu = r if cu_seqlens is None else cu_seqlens
+    flags = dict(N=n, L=CHUNK, BK=min(n, 16), LOW_PRECISION=low_precision, VARLEN=cu_seqlens is not None)
+    _chunked_prep_kernel[(slots * heads,)](r, w, k, a, b, cu, prep, seqlen, heads, n_seqs,
+                                          DECAY=DECAY_CODES[decay], num_warps=PREP_NUM_WARPS[n], **flags)
+    _chunked_state_kernel[launch_grid(n_seqs, heads, n // VALUE_BLOCK[n])](
+        v, r if initial_state is None else initial_state, cu, prep, y, final_state,
+        final_state if checkpoints is None else checkpoints, seqlen, heads, BV=VALUE_BLOCK[n], BF16_DOTS=bf16_dots,
+        INTERPRET=_interpreting(), HAS_S0=initial_state is not None, SAVE=checkpoints is not None,
+        num_warps=STATE_NUM_WARPS[n], **flags)
 
 
 def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, grads, grad_initial, decay: str,
