@@ -12,9 +12,14 @@ E[L][0], M and Q' for every chunk at once (a program per (chunk, head): the mask
 solve, which are most of the work, run on the whole GPU), into a temporary fp32 buffer (prep_floats per chunk and
 head); a second kernel walks the chunks in order, a program per (sequence, head, VALUE_BLOCK columns of ST: the
 columns evolve independently), doing only the products with the state. Its chain per chunk is six small dots.
-The backward is one program per (sequence, head) walking the chunks backwards, recomputing each from its checkpoint.
+The backward likewise: the prep again (with T, Ak, Qb, Qk too), then the state cotangent G through the chunks in
+reverse, a program per (sequence, head, value block), G^T <- diag(E[L][0]) G^T + W^T (B^ G^T) + R'^T dY (the
+forward's lines reversed: its columns are independent too), storing each chunk's incoming G^T in a buffer shaped like
+the checkpoints; then every chunk's input gradients at once, a program per (chunk, head), from its checkpoint S0^T,
+its G^T and its prep. Temporary memory: 18.7 KB (forward) and 46.8 KB (backward: prep, G^T, scratch) per chunk and
+head at N = 64, i.e. 18 and 46 B per element of r.
 
-The masked decay products Ab, Ak, Qb, Qk are [L, L, N] broadcasts of exp(c_x - c_y) with the exponent masked to
+The masked decay products Ab, Ak, Qb, Qk are sums over broadcasts of exp(c_x - c_y) with the exponent masked to
 -inf outside x >= y (exp gives 0 there), so every decay factor formed is <= 1: no cumulative decay is divided by.
 The chunk's cumulative log decays c come from tl.cumsum of log d over the chunk's rows.
 
@@ -180,16 +185,16 @@ def _masked_cotangents(x, y1, y2, dM1, dM2, E):
 
 
 @triton.jit
-def _init_state_slices(src_ptr, dst_ptr, N: tl.constexpr, BK: tl.constexpr, HAS_SRC: tl.constexpr):
-    """dst <- src (zeros without one), an N x N state, in [BK, N] slices, then a barrier: the kernels read the
-    state back from dst."""
-    slice_at = tl.arange(0, N)[None, :] * N + tl.arange(0, BK)[:, None]
+def _init_state_block(src_ptr, dst_ptr, state_at, N: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      HAS_SRC: tl.constexpr):
+    """dst <- src (zeros without one), an [N, BV] block of a state in [BK, BV] slices (at state_at + j0), then a
+    barrier: the kernels read the block back from dst."""
     for j0 in range(0, N, BK):
         if HAS_SRC:
-            x = tl.load(src_ptr + j0 + slice_at)
+            x = tl.load(src_ptr + j0 + state_at)
         else:
-            x = tl.zeros((BK, N), dtype=tl.float32)
-        tl.store(dst_ptr + j0 + slice_at, x)
+            x = tl.zeros((BK, BV), dtype=tl.float32)
+        tl.store(dst_ptr + j0 + state_at, x)
     tl.debug_barrier()
 
 
@@ -220,11 +225,13 @@ def _chunk_of_slot(slot, cu_ptr, n_seqs, T, L: tl.constexpr, VARLEN: tl.constexp
 
 @triton.jit
 def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T, H, n_seqs,
-                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr,
-                         LOW_PRECISION: tl.constexpr, VARLEN: tl.constexpr):
+                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, PREP: tl.constexpr,
+                         DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr, VARLEN: tl.constexpr,
+                         SQUARES: tl.constexpr):
     """The state-independent part of one chunk and head (a program per (slot, head), all chunks at once): W = T A~,
-    R' = R~ + Qb W, B^, K^ [L, N], E[L][0] [N], M = T Ak, Q' = Qb M + Qk [L, L], stored in that order at prep. Its
-    dots are all 16 x 16 x 16 ("ieee" in both precision modes)."""
+    R' = R~ + Qb W, B^, K^ [L, N], E[L][0] [N], M = T Ak, Q' = Qb M + Qk [L, L] and (SQUARES, for the backward)
+    T, Ak, Qb, Qk [L, L], stored in that order at prep (PREP floats per program). Its dots are all 16 x 16 x 16
+    ("ieee" in both precision modes)."""
     program = tl.program_id(0).to(tl.int64)
     n, c = _chunk_of_slot(program // H, cu_ptr, n_seqs, T, L, VARLEN)
     h = program % H
@@ -234,7 +241,7 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     HN = H * N
     row0 = ((bos + c * L) * H + h) * N
     valid = (rows < eos - bos - c * L)[:, None]
-    prep = prep_ptr + program * (4 * L * N + N + 2 * L * L)
+    prep = prep_ptr + program * PREP
     Ab = tl.zeros((L, L), dtype=tl.float32)
     Ak = tl.zeros((L, L), dtype=tl.float32)
     Qb = tl.zeros((L, L), dtype=tl.float32)
@@ -248,6 +255,11 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     square_at = rows[:, None] * L + rows[None, :]
     tl.store(prep + 4 * L * N + N + square_at, M)
     tl.store(prep + 4 * L * N + N + L * L + square_at, Qk + tl.dot(Qb, M, input_precision="ieee"))
+    if SQUARES:
+        tl.store(prep + 4 * L * N + N + 2 * L * L + square_at, Tm)
+        tl.store(prep + 4 * L * N + N + 3 * L * L + square_at, Ak)
+        tl.store(prep + 4 * L * N + N + 4 * L * L + square_at, Qb)
+        tl.store(prep + 4 * L * N + N + 5 * L * L + square_at, Qk)
     slice_at = rows[:, None] * N + kk[None, :]
     for j0 in range(0, N, BK):
         r, k, a, b, dlog, ca, cb, clast = _columns(
@@ -263,7 +275,7 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
 
 @triton.jit
 def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
-                          N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREP: tl.constexpr,
                           LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
                           HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
     """The chunks of one (sequence, head) in order, for BV value columns of the state (a program per (sequence,
@@ -279,13 +291,7 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
     # ST[k][v] = S[v][k] at v * N + k of this program's sT (and s0); k-major in the checkpoints.
     sT = sT_ptr + (n * H + h) * N * N + v0 * N
     state_at = vv[None, :] * N + kk[:, None]     # + j0: slice j0 of the block
-    for j0 in range(0, N, BK):
-        if HAS_S0:
-            x = tl.load(s0_ptr + (n * H + h) * N * N + v0 * N + j0 + state_at)
-        else:
-            x = tl.zeros((BK, BV), dtype=tl.float32)
-        tl.store(sT + j0 + state_at, x)
-    tl.debug_barrier()
+    _init_state_block(s0_ptr + (n * H + h) * N * N + v0 * N, sT, state_at, N, BK, BV, HAS_S0)
     ckpt_at = kk[:, None] * N + vv[None, :]      # + j0 * N
     rows_at = rows[:, None] * HN + vv[None, :]   # + v0
     slice_at = rows[:, None] * N + kk[None, :]   # + j0
@@ -294,7 +300,7 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
     for c in range(0, tl.cdiv(eos - bos, L)):
         row0 = ((bos + c * L) * H + h) * N + v0
         valid = (rows < eos - bos - c * L)[:, None]
-        prep = prep_ptr + ((slot0 + c) * H + h) * (4 * L * N + N + 2 * L * L)
+        prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
         U = _dot(tl.load(prep + 4 * L * N + N + square_at), v, BF16_DOTS, INTERPRET)
         Y = _dot(tl.load(prep + 4 * L * N + N + L * L + square_at), v, BF16_DOTS, INTERPRET)
@@ -316,150 +322,187 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
 
 
 @triton.jit
-def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
-                        dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, T, H,
-                        N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr,
+def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_ptr, T, H,
+                              N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                              PREP: tl.constexpr,
+                              BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_GST: tl.constexpr,
+                              VARLEN: tl.constexpr):
+    """The state cotangent through the chunks in reverse, for BV value columns (a program per (sequence, head,
+    value block)): before each chunk's step, G^T (the cotangent of the state after the chunk) is stored to its slot
+    of gck; the step is G^T <- diag(E[L][0]) G^T + W^T (B^ G^T) + R'^T dY, the prep's W, B^, R', E[L][0] (the
+    forward's U and Y lines in reverse: dX = T^T (B^ G^T + Qb^T dY), and A~^T T^T = W^T). G^T's block lives in ds0
+    (the output: the initial state's gradient at the end), read and written in [BK, BV] slices."""
+    program = tl.program_id(0).to(tl.int64)
+    n, h, bos, eos = _sequence(program // (N // BV), cu_ptr, T, H, VARLEN)
+    v0 = (program % (N // BV)) * BV
+    rows = tl.arange(0, L)
+    kk = tl.arange(0, BK)
+    vv = tl.arange(0, BV)
+    HN = H * N
+    gT = ds0_ptr + (n * H + h) * N * N + v0 * N  # G^T[k][v] = dL/dS[v][k] at v * N + k (so in gsT and gck)
+    state_at = vv[None, :] * N + kk[:, None]     # + j0: slice j0 of the block
+    _init_state_block(gsT_ptr + (n * H + h) * N * N + v0 * N, gT, state_at, N, BK, BV, HAS_GST)
+    rows_at = rows[:, None] * HN + vv[None, :]   # + v0
+    slice_at = rows[:, None] * N + kk[None, :]   # + j0
+    slot0 = bos // L + n
+    n_chunks = tl.cdiv(eos - bos, L)
+    for cc in range(0, n_chunks):
+        c = n_chunks - 1 - cc
+        row0 = ((bos + c * L) * H + h) * N + v0
+        valid = (rows < eos - bos - c * L)[:, None]
+        prep = prep_ptr + ((slot0 + c) * H + h) * PREP
+        gck = gck_ptr + ((slot0 + c) * H + h) * N * N + v0 * N
+        dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
+        Z = tl.zeros((L, BV), dtype=tl.float32)
+        for j0 in range(0, N, BK):
+            GT = tl.load(gT + j0 + state_at)
+            tl.store(gck + j0 + state_at, GT)
+            Z += _dot(tl.load(prep + 2 * L * N + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
+        for j0 in range(0, N, BK):
+            GT = tl.load(gT + j0 + state_at)
+            GT = (tl.load(prep + 4 * L * N + j0 + kk)[:, None] * GT
+                  + _dot(tl.trans(tl.load(prep + j0 + slice_at)), Z, BF16_DOTS, INTERPRET)
+                  + _dot(tl.trans(tl.load(prep + L * N + j0 + slice_at)), dy, BF16_DOTS, INTERPRET))
+            tl.debug_barrier()  # every thread has read this slice (above, and in the first pass)
+            tl.store(gT + j0 + state_at, GT)
+        tl.debug_barrier()  # the previous chunk reads the cotangent written above
+
+
+@triton.jit
+def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gck_ptr, prep_ptr,
+                        scratch_ptr, dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, T, H, n_seqs,
+                        N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, PREP: tl.constexpr, DECAY: tl.constexpr,
                         LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
-                        HAS_GST: tl.constexpr, VARLEN: tl.constexpr, V_STAGES: tl.constexpr):
-    """k runs in BK-row slices of S0^T (from the checkpoint) and G^T (kept in ds0, the output, between chunks), the
-    products over v in BK-column slices of v (U and dX through the scratch): see the module docstring."""
-    n, h, bos, eos = _sequence(tl.program_id(0).to(tl.int64), cu_ptr, T, H, VARLEN)
+                        VARLEN: tl.constexpr, V_STAGES: tl.constexpr):
+    """The gradients of one chunk's inputs (a program per (slot, head), all chunks at once), from S0^T (its
+    checkpoint), G^T (the state cotangent after it, from the backward's state pass) and the prep (with SQUARES):
+    k runs in BK-row slices of both, the products over v in BK-column slices of v (U and dX through the scratch):
+    see the module docstring."""
+    program = tl.program_id(0).to(tl.int64)
+    n, c = _chunk_of_slot(program // H, cu_ptr, n_seqs, T, L, VARLEN)
+    _, h, bos, eos = _sequence(n * H + program % H, cu_ptr, T, H, VARLEN)
     offs = tl.arange(0, N)
     kk = tl.arange(0, BK)
     rows = tl.arange(0, L)
     strict = rows[None, :] < rows[:, None]
     incl = rows[None, :] <= rows[:, None]
     HN = H * N
-    # G^T[k][v] = dL/dS[v][k] after the current chunk, at v * N + k of this program's ds0 (and gsT).
-    grad = ds0_ptr + (n * H + h) * N * N
-    _init_state_slices(gsT_ptr + (n * H + h) * N * N, grad, N, BK, HAS_GST)
+    # G^T[k][v] = dL/dS[v][k] after this chunk, at v * N + k; S0^T k-major.
+    grad = gck_ptr + program * N * N
+    ckpt = ckpt_ptr + program * N * N
     state_at = offs[None, :] * N + kk[:, None]   # + j0: slice j0 of G^T
     ckpt_at = kk[:, None] * N + offs[None, :]    # + j0 * N: slice j0 of S0^T (k-major)
-    # U and dX [L, N] of the current chunk, written full width, read back in column slices.
-    scratch = scratch_ptr + (n * H + h) * 2 * L * N
+    # U and dX [L, N] of the chunk, written full width, read back in column slices.
+    scratch = scratch_ptr + program * 2 * L * N
     scratch_at = rows[:, None] * N + offs[None, :]
     slice_at = rows[:, None] * N + kk[None, :]   # + i0
     ckpt_at_i = kk[:, None] * N + kk[None, :]     # + j0 * N + i0: block (j0, i0) of S0^T
     state_at_i = kk[None, :] * N + kk[:, None]    # + j0 + i0 * N: block (j0, i0) of G^T
     rows_at = rows[:, None] * HN + offs[None, :]
     rows_at_i = rows[:, None] * HN + kk[None, :]  # + i0 (or + j0)
-    slot0 = bos // L + n
-    n_chunks = tl.cdiv(eos - bos, L)
-    for cc in tl.range(0, n_chunks, disable_licm=True):  # hoisted invariants would be spilled (more than twice)
-        c = n_chunks - 1 - cc
-        ckpt = ckpt_ptr + ((slot0 + c) * H + h) * N * N  # S0^T, k-major
-        row0 = ((bos + c * L) * H + h) * N
-        valid = (rows < eos - bos - c * L)[:, None]
-        # Recompute the forward's X = A~ S0^T + Ak V, with the masked products; dU, dV from S_L (B^ G^T, K^ G^T).
-        Ab = tl.zeros((L, L), dtype=tl.float32)
-        Ak = tl.zeros((L, L), dtype=tl.float32)
-        Qb = tl.zeros((L, L), dtype=tl.float32)
-        Qk = tl.zeros((L, L), dtype=tl.float32)
-        X = tl.zeros((L, N), dtype=tl.float32)
-        dU = tl.zeros((L, N), dtype=tl.float32)
-        dV = tl.zeros((L, N), dtype=tl.float32)
-        # The pipelining depths and disable_licm here and below: no spills at N = 64 with Triton 3.6 and 3.7 (the
-        # defaults spill 16-56 B of hoisted addresses and invariants).
-        for j0 in tl.range(0, N, BK, num_stages=1):
-            r, k, a, b, dlog, ca, cb, clast = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
-            Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, ca, cb, L)
-            rest = tl.exp(clast[None, :] - ca)
-            X += _dot(a * tl.exp(cb), tl.load(ckpt + j0 * N + ckpt_at), BF16_DOTS, INTERPRET)
-            GT = tl.load(grad + j0 + state_at)
-            dU += _dot(b * rest, GT, BF16_DOTS, INTERPRET)
-            dV += _dot(k * rest, GT, BF16_DOTS, INTERPRET)
-        # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
-        # BK-column slices of v, U and dX read back from the scratch. Each [L, N] block is stored as soon as it is
-        # complete, so that few are live at once (the peak of the backward's register pressure is here at N = 128).
-        Tm = _solve_matrix(Ab, L)
-        U = _dot(Tm, X + _dot(Ak, _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION), BF16_DOTS, INTERPRET),
-                 BF16_DOTS, INTERPRET)
-        tl.store(scratch + scratch_at, U)
-        # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
-        dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
-        dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
-        dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
-        dX = _dot(tl.trans(Tm), dU, BF16_DOTS, INTERPRET)
-        tl.store(scratch + L * N + scratch_at, dX)
-        dV += _dot(tl.trans(Ak), dX, BF16_DOTS, INTERPRET)
-        _store_rows(dv_ptr + row0, rows_at, dV, LOW_PRECISION, valid)
-        tl.debug_barrier()
-        dQb = tl.zeros((L, L), dtype=tl.float32)
-        dQk = tl.zeros((L, L), dtype=tl.float32)
-        dAb = tl.zeros((L, L), dtype=tl.float32)
-        dAk = tl.zeros((L, L), dtype=tl.float32)
-        for i0 in tl.range(0, N, BK, num_stages=1):
+    row0 = ((bos + c * L) * H + h) * N
+    valid = (rows < eos - bos - c * L)[:, None]  # none in a gap slot: nothing is stored
+    # The forward's U = W S0^T + M V (as its state pass), and dU, dV from S_L (B^ G^T, K^ G^T).
+    prep = prep_ptr + program * PREP
+    squares = prep + 4 * L * N + N  # M, Q', T, Ak, Qb, Qk
+    square_at = rows[:, None] * L + rows[None, :]
+    U = _dot(tl.load(squares + square_at), _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION), BF16_DOTS,
+             INTERPRET)
+    dU = tl.zeros((L, N), dtype=tl.float32)
+    dV = tl.zeros((L, N), dtype=tl.float32)
+    # The pipelining depths and disable_licm here and below: no spills at N = 64 with Triton 3.6 and 3.7 (the
+    # defaults spill 16-56 B of hoisted addresses and invariants).
+    for j0 in tl.range(0, N, BK, num_stages=1):
+        U += _dot(tl.load(prep + j0 + slice_at), tl.load(ckpt + j0 * N + ckpt_at), BF16_DOTS, INTERPRET)
+        GT = tl.load(grad + j0 + state_at)
+        dU += _dot(tl.load(prep + 2 * L * N + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
+        dV += _dot(tl.load(prep + 3 * L * N + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
+    # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
+    # BK-column slices of v, U and dX read back from the scratch. Each [L, N] block is stored as soon as it is
+    # complete, so that few are live at once (the peak of the backward's register pressure is here at N = 128).
+    Tm = tl.load(squares + 2 * L * L + square_at)
+    Ak = tl.load(squares + 3 * L * L + square_at)
+    Qb = tl.load(squares + 4 * L * L + square_at)
+    Qk = tl.load(squares + 5 * L * L + square_at)
+    tl.store(scratch + scratch_at, U)
+    # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
+    dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
+    dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
+    dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
+    dX = _dot(tl.trans(Tm), dU, BF16_DOTS, INTERPRET)
+    tl.store(scratch + L * N + scratch_at, dX)
+    dV += _dot(tl.trans(Ak), dX, BF16_DOTS, INTERPRET)
+    _store_rows(dv_ptr + row0, rows_at, dV, LOW_PRECISION, valid)
+    tl.debug_barrier()
+    dQb = tl.zeros((L, L), dtype=tl.float32)
+    dQk = tl.zeros((L, L), dtype=tl.float32)
+    dAb = tl.zeros((L, L), dtype=tl.float32)
+    dAk = tl.zeros((L, L), dtype=tl.float32)
+    for i0 in tl.range(0, N, BK, num_stages=1):
+        dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
+        v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
+        U_i = tl.load(scratch + i0 + slice_at)
+        dX_i = tl.load(scratch + L * N + i0 + slice_at)
+        dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
+        dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+        dAb += _dot(dX_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
+        dAk += _dot(dX_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+    dQb = tl.where(incl, dQb, 0.0)
+    dQk = tl.where(incl, dQk, 0.0)
+    dAb = tl.where(strict, dAb, 0.0)
+    dAk = tl.where(strict, dAk, 0.0)
+    # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, and the masked
+    # products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx, dc[m+1] -= y dy).
+    for j0 in tl.range(0, N, BK, disable_licm=True):
+        r, k, a, b, dlog, ca, cb, clast = _columns(
+            r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
+        Eb, Eq = _masked_decays(ca, cb, L)
+        e_before = tl.exp(cb)
+        e_after = tl.exp(ca)
+        rest = tl.exp(clast[None, :] - ca)
+        e_all = tl.exp(clast)
+        At = a * e_before
+        Rt = r * e_after
+        Bh = b * rest
+        Kh = k * rest
+        dRt = tl.zeros((L, BK), dtype=tl.float32)
+        dAt = tl.zeros((L, BK), dtype=tl.float32)
+        dBh = tl.zeros((L, BK), dtype=tl.float32)
+        dKh = tl.zeros((L, BK), dtype=tl.float32)
+        for i0 in tl.range(0, N, BK, num_stages=V_STAGES):
             dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
             v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
-            U_i = tl.load(scratch + i0 + slice_at)
-            dX_i = tl.load(scratch + L * N + i0 + slice_at)
-            dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
-            dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
-            dAb += _dot(dX_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
-            dAk += _dot(dX_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
-        dQb = tl.where(incl, dQb, 0.0)
-        dQk = tl.where(incl, dQk, 0.0)
-        dAb = tl.where(strict, dAb, 0.0)
-        dAk = tl.where(strict, dAk, 0.0)
-        # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, the new G^T,
-        # and the masked products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx,
-        # dc[m+1] -= y dy).
-        for j0 in tl.range(0, N, BK, disable_licm=True):
-            r, k, a, b, dlog, ca, cb, clast = _columns(
-                r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
-            Eb, Eq = _masked_decays(ca, cb, L)
-            e_before = tl.exp(cb)
-            e_after = tl.exp(ca)
-            rest = tl.exp(clast[None, :] - ca)
-            e_all = tl.exp(clast)
-            At = a * e_before
-            Rt = r * e_after
-            Bh = b * rest
-            Kh = k * rest
-            dRt = tl.zeros((L, BK), dtype=tl.float32)
-            dAt = tl.zeros((L, BK), dtype=tl.float32)
-            dBh = tl.zeros((L, BK), dtype=tl.float32)
-            dKh = tl.zeros((L, BK), dtype=tl.float32)
-            for i0 in tl.range(0, N, BK, num_stages=V_STAGES):
-                dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
-                v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
-                S0_i = tl.trans(tl.load(ckpt + j0 * N + i0 + ckpt_at_i))
-                G_i = tl.trans(tl.load(grad + j0 + i0 * N + state_at_i))
-                dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET)
-                dAt += _dot(tl.load(scratch + L * N + i0 + slice_at), S0_i, BF16_DOTS, INTERPRET)
-                dBh += _dot(tl.load(scratch + i0 + slice_at), G_i, BF16_DOTS, INTERPRET)
-                dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET)
-            ST0 = tl.load(ckpt + j0 * N + ckpt_at)
-            GT = tl.load(grad + j0 + state_at)
-            dclast = e_all * tl.sum(ST0 * GT, axis=1)
-            GT = (e_all[:, None] * GT + _dot(tl.trans(Rt), dy, BF16_DOTS, INTERPRET)
-                  + _dot(tl.trans(At), dX, BF16_DOTS, INTERPRET))
-            tx, tyb, tyk = _masked_cotangents(a, b, k, dAb, dAk, Eb)
-            da = tx + dAt * e_before
-            dcb = a * tx + dAt * At
-            db = tyb
-            dk = tyk
-            dca = -(b * tyb + k * tyk)
-            tx, tyb, tyk = _masked_cotangents(r, b, k, dQb, dQk, Eq)
-            dr = tx + dRt * e_after
-            dca += r * tx - (b * tyb + k * tyk) + dRt * Rt
-            db += tyb + dBh * rest
-            dk += tyk + dKh * rest
-            to_last = dBh * Bh + dKh * Kh
-            dca -= to_last
-            dclast += tl.sum(to_last, axis=0)
-            # log d of row l is in c[x] for x >= l + 1: c_after of rows >= l, c_before of rows > l, and c[L].
-            dlogd = (tl.cumsum(dca, axis=0, reverse=True) + tl.cumsum(dcb, axis=0, reverse=True) - dcb
-                     + dclast[None, :])
-            _store_rows(dr_ptr + row0 + j0, rows_at_i, dr, LOW_PRECISION, valid)
-            _store_rows(dw_ptr + row0 + j0, rows_at_i, dlogd * dlog, LOW_PRECISION, valid)
-            _store_rows(dk_ptr + row0 + j0, rows_at_i, dk, LOW_PRECISION, valid)
-            _store_rows(da_ptr + row0 + j0, rows_at_i, da, LOW_PRECISION, valid)
-            _store_rows(db_ptr + row0 + j0, rows_at_i, db, LOW_PRECISION, valid)
-            tl.debug_barrier()  # every thread has read this slice of G^T (above, and in the first pass)
-            tl.store(grad + j0 + state_at, GT)
-        tl.debug_barrier()  # the previous chunk reads the G^T written above
+            S0_i = tl.trans(tl.load(ckpt + j0 * N + i0 + ckpt_at_i))
+            G_i = tl.trans(tl.load(grad + j0 + i0 * N + state_at_i))
+            dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET)
+            dAt += _dot(tl.load(scratch + L * N + i0 + slice_at), S0_i, BF16_DOTS, INTERPRET)
+            dBh += _dot(tl.load(scratch + i0 + slice_at), G_i, BF16_DOTS, INTERPRET)
+            dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET)
+        ST0 = tl.load(ckpt + j0 * N + ckpt_at)
+        GT = tl.load(grad + j0 + state_at)
+        dclast = e_all * tl.sum(ST0 * GT, axis=1)
+        tx, tyb, tyk = _masked_cotangents(a, b, k, dAb, dAk, Eb)
+        da = tx + dAt * e_before
+        dcb = a * tx + dAt * At
+        db = tyb
+        dk = tyk
+        dca = -(b * tyb + k * tyk)
+        tx, tyb, tyk = _masked_cotangents(r, b, k, dQb, dQk, Eq)
+        dr = tx + dRt * e_after
+        dca += r * tx - (b * tyb + k * tyk) + dRt * Rt
+        db += tyb + dBh * rest
+        dk += tyk + dKh * rest
+        to_last = dBh * Bh + dKh * Kh
+        dca -= to_last
+        dclast += tl.sum(to_last, axis=0)
+        # log d of row l is in c[x] for x >= l + 1: c_after of rows >= l, c_before of rows > l, and c[L].
+        dlogd = (tl.cumsum(dca, axis=0, reverse=True) + tl.cumsum(dcb, axis=0, reverse=True) - dcb
+                 + dclast[None, :])
+        _store_rows(dr_ptr + row0 + j0, rows_at_i, dr, LOW_PRECISION, valid)
+        _store_rows(dw_ptr + row0 + j0, rows_at_i, dlogd * dlog, LOW_PRECISION, valid)
+        _store_rows(dk_ptr + row0 + j0, rows_at_i, dk, LOW_PRECISION, valid)
+        _store_rows(da_ptr + row0 + j0, rows_at_i, da, LOW_PRECISION, valid)
+        _store_rows(db_ptr + row0 + j0, rows_at_i, db, LOW_PRECISION, valid)
 
 
 def _interpreting() -> bool:
@@ -475,10 +518,10 @@ def _check_row_offsets(heads: int, n: int):
                          f"Triton kernel, got {heads} * {n} = {heads * n}")
 
 
-def prep_floats(n: int) -> int:
-    """fp32 values per (chunk, head) that the forward's first kernel passes to its second (W, R', B^, K^, E[L][0],
-    M, Q'): 18.7 KB at N = 64, 34.8 KB at N = 128 (the checkpoint: 16 and 64 KB)."""
-    return 4 * CHUNK * n + n + 2 * CHUNK * CHUNK
+def prep_floats(n: int, backward: bool) -> int:
+    """fp32 values per (chunk, head) that the prep kernel passes on (W, R', B^, K^, E[L][0], M, Q', and in the
+    backward T, Ak, Qb, Qk): 18.7 / 22.8 KB at N = 64, 34.8 / 38.9 KB at N = 128 (the checkpoint: 16 and 64 KB)."""
+    return 4 * CHUNK * n + n + (6 if backward else 2) * CHUNK * CHUNK
 
 
 def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, checkpoints, decay: str,
@@ -491,11 +534,12 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
         return
     _check_row_offsets(heads, n)
     slots = checkpoint_slots(batch * seqlen, n_seqs)
-    prep = r.new_empty((slots, heads, prep_floats(n)), dtype=torch.float32)
+    prep = r.new_empty((slots, heads, prep_floats(n, False)), dtype=torch.float32)
     cu = r if cu_seqlens is None else cu_seqlens
-    flags = dict(N=n, L=CHUNK, BK=min(n, 16), LOW_PRECISION=low_precision, VARLEN=cu_seqlens is not None)
-    _chunked_prep_kernel[(slots * heads,)](r, w, k, a, b, cu, prep, seqlen, heads, n_seqs,
-                                          DECAY=DECAY_CODES[decay], num_warps=PREP_NUM_WARPS[n], **flags)
+    flags = dict(N=n, L=CHUNK, BK=min(n, 16), PREP=prep.shape[-1], LOW_PRECISION=low_precision,
+                 VARLEN=cu_seqlens is not None)
+    _chunked_prep_kernel[(slots * heads,)](r, w, k, a, b, cu, prep, seqlen, heads, n_seqs, DECAY=DECAY_CODES[decay],
+                                          SQUARES=False, num_warps=PREP_NUM_WARPS[n], **flags)
     _chunked_state_kernel[launch_grid(n_seqs, heads, n // VALUE_BLOCK[n])](
         v, r if initial_state is None else initial_state, cu, prep, y, final_state,
         final_state if checkpoints is None else checkpoints, seqlen, heads, BV=VALUE_BLOCK[n], BF16_DOTS=bf16_dots,
@@ -505,16 +549,27 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
 
 def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, grads, grad_initial, decay: str,
                   low_precision: bool, bf16_dots: bool):
-    """As recurrent.wkv7_backward, chunked."""
+    """As recurrent.wkv7_backward, chunked: the forward's prep again, the state cotangent through the chunks in
+    reverse (stored per chunk), then every chunk's input gradients at once."""
     batch, seqlen, heads, n = r.shape
     n_seqs = grad_initial.shape[0]
     if n_seqs * heads == 0:
         return
     _check_row_offsets(heads, n)
-    scratch = r.new_empty((n_seqs * heads, 2, CHUNK, n), dtype=checkpoints.dtype)
-    _chunked_bwd_kernel[launch_grid(n_seqs, heads)](
-        r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
-        grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, seqlen, heads,
-        N=n, L=CHUNK, BK=min(n, 16), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
-        INTERPRET=_interpreting(), HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None,
-        V_STAGES=BWD_V_STAGES[n], num_warps=BWD_NUM_WARPS[n])
+    slots = checkpoints.shape[0]
+    prep = r.new_empty((slots, heads, prep_floats(n, True)), dtype=torch.float32)
+    state_grads = torch.empty_like(checkpoints)
+    scratch = r.new_empty((slots * heads, 2, CHUNK, n), dtype=torch.float32)
+    cu = r if cu_seqlens is None else cu_seqlens
+    flags = dict(N=n, L=CHUNK, BK=min(n, 16), PREP=prep.shape[-1], VARLEN=cu_seqlens is not None)
+    _chunked_prep_kernel[(slots * heads,)](r, w, k, a, b, cu, prep, seqlen, heads, n_seqs, DECAY=DECAY_CODES[decay],
+                                          LOW_PRECISION=low_precision, SQUARES=True, num_warps=PREP_NUM_WARPS[n],
+                                          **flags)
+    _chunked_state_bwd_kernel[launch_grid(n_seqs, heads, n // VALUE_BLOCK[n])](
+        grad_y, grad_initial if grad_final is None else grad_final, cu, prep, state_grads, grad_initial, seqlen, heads,
+        BV=VALUE_BLOCK[n], BF16_DOTS=bf16_dots, INTERPRET=_interpreting(), HAS_GST=grad_final is not None,
+        num_warps=STATE_NUM_WARPS[n], **flags)
+    _chunked_bwd_kernel[(slots * heads,)](
+        r, w, k, v, a, b, cu, checkpoints, grad_y, state_grads, prep, scratch, *grads, seqlen, heads, n_seqs,
+        DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=_interpreting(),
+        V_STAGES=BWD_V_STAGES[n], num_warps=BWD_NUM_WARPS[n], **flags)
