@@ -197,6 +197,23 @@ def test_cuda_token_loop_with_a_nested_loop_counts_its_trips():
         model.token_iteration(kernel, dataclasses.replace(workload, cuda_token_loops=((1, 0),)))
 
 
+def test_one_chunk_program_takes_each_loop_its_trips():
+    """The chunked Triton backward's gradient kernel: a program is one chunk, its k-slice loops run N / 16 times, and
+    the v-slice loop nested in the last one N / 16 times per k slice: (N / 16)^2 in all."""
+    from tools.static_report import model
+
+    def loop(address, static, work, inner=()):
+        return kernels.Loop(address, static, sass.Path(work), sass.Path(work), list(inner))
+
+    first, second, nested = loop(0x100, 10, 10), loop(0x200, 6, 6), loop(0x400, 5, 5)
+    last = loop(0x300, 40, 30, [nested])  # its work path takes the nested loop once: an own body of 25
+    kernel = kernels.Kernel("k", "triton", "m", "k", 128, 0, 0, 0, 0, 256, sass.Path(100), [first, second, nested],
+                            [last])
+    # The work path (100) takes every body once; 4 trips add 3 more of each and 15 more of the nested body.
+    assert model.one_chunk_program(kernel, 4).instructions == 100 + 3 * (10 + 6 + 25) + 15 * 5
+    assert model.one_chunk_program(kernel, 1).instructions == 100
+
+
 def _declared_threads(source: str) -> dict:
     """{kernel name: the threads each instantiation's __launch_bounds__ declares (PTX .maxntid)} for one .cu."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,6 +36,13 @@ The model (stated in the report too):
   per chunk) with each loop nested in it taken as many times as it runs per chunk (Workload.inner_trips), its
   once-per-sequence code not counted; the chain bounds as above with I the instructions per chunk and one DRAM
   latency per chunk.
+- The Triton chunked kernels run in several launches, each its own row (their times add): programs of one chunk
+  each (the forward's and backward's prep, the backward's gradients) and passes over the chunks in order (the
+  forward's state pass, the backward's state cotangent pass). A one-chunk program runs its 16-column slice loops
+  N / 16 times each (a loop nested in one N / 16 times per outer iteration: Workload.loop_trips), is independent of
+  every other (no chain: max(memory, issue)), and its bytes are named by the workload, the temporary buffers between
+  the launches included (the prep, the backward's per-chunk state cotangents). The passes are chunked kernels as
+  above.
 - Predicted = max(memory, issue, chain at its lower bound); the chain's upper bound is printed beside it. The
   Triton backward that splits the state's rows over programs (N = 256) writes fp32 partial sums of five gradients,
   which a second, memory-bound kernel adds after the first: its bytes' time is added to the prediction (and to the
@@ -96,6 +103,8 @@ class Workload:
     # CUDA, sequential: the share of a block's warps that also issue what its token loops' work path leaves out (the
     # branch of the threads that stage each token's inputs in shared memory: no global store, so no path takes it).
     cuda_staging_share: float = 0.0
+    # > 0: a program's work is one chunk, every loop taken this many times per iteration of the code around it.
+    loop_trips: int = 0
 
 
 def _rope() -> Workload:
@@ -171,6 +180,37 @@ def _wkv7_chunked(heads: int, n: int, constants: dict) -> Workload:
                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17)
 
 
+def _wkv7_chunked_triton(heads: int, n: int) -> list:
+    """The chunked Triton kernels (triton_kernels/rwkv7/chunked.py), one workload per launch: forward prep and state
+    pass, and at N = 64 the backward's state cotangent pass and gradients (its prep is the forward's, with four more
+    L x L blocks stored). The bytes between launches are the module's own buffer sizes."""
+    from ropewkv.triton_kernels.rwkv7 import chunked
+
+    b, t, length = 8, 4096, chunked.CHUNK
+    tensor = b * t * heads * n * 2
+    slots = chunked.checkpoint_slots(b * t, b)
+    chunk_heads = slots * heads
+    prep, prep_bwd = (chunk_heads * chunked.prep_floats(n, backward) * 4 for backward in (False, True))
+    checkpoints = chunk_heads * n * n * 4  # as the state cotangents the backward stores per chunk
+    state = b * heads * n * n * 4
+    pass_blocks = b * heads * (n // chunked.VALUE_BLOCK[n])
+    title = f"B{b} T{t} H{heads} N{n} bf16"
+    per_chunk = dict(unit="token-head", units=b * t * heads, loop_trips=n // 16, blocks=chunk_heads)
+    in_order = dict(unit="token-head", units=b * t * heads, tokens=t, chunk=length, inner_trips=n // 16,
+                    blocks=pass_blocks)
+    found = [Workload(f"WKV7 chunked fwd prep {title}", read=5 * tensor, written=prep,
+                      triton=(f"wkv7 chunked fwd prep N{n} bf16",), **per_chunk),
+             Workload(f"WKV7 chunked fwd state pass {title}", read=prep + tensor, written=tensor + checkpoints + state,
+                      triton=(f"wkv7 chunked fwd state N{n} bf16",), **in_order)]
+    if n == 64:
+        found += [Workload(f"WKV7 chunked bwd state pass {title}", read=prep_bwd + tensor, written=checkpoints + state,
+                           triton=(f"wkv7 chunked bwd state N{n} bf16",), **in_order),
+                  # r w k v a b dy, the checkpoints, the state cotangents and the prep in; six gradients out.
+                  Workload(f"WKV7 chunked bwd gradients {title}", read=7 * tensor + 2 * checkpoints + prep_bwd,
+                           written=6 * tensor, triton=(f"wkv7 chunked bwd N{n} bf16",), **per_chunk)]
+    return found
+
+
 def _decode() -> Workload:
     b, heads, n = 256, 64, 64
     state = b * heads * n * n * 4
@@ -197,7 +237,8 @@ def workloads(constants: dict) -> list:
             _wkv7(True, 32, 128, constants),
             # N = 256 runs on Triton only (`auto` sends CUDA there).
             _wkv7(False, 16, 256, constants, cuda=False), _wkv7(True, 16, 256, constants, cuda=False),
-            _wkv7_chunked(64, 64, constants), _wkv7_chunked(32, 128, constants), _decode(), _log_decay(False),
+            _wkv7_chunked(64, 64, constants), _wkv7_chunked(32, 128, constants), *_wkv7_chunked_triton(64, 64),
+            *_wkv7_chunked_triton(32, 128), _decode(), _log_decay(False),
             _log_decay(True)]
 
 
@@ -254,6 +295,21 @@ def chunk_iteration(kernel, workload: Workload) -> Path:
     outer = kernel.outer_loops[0]
     more = sum((inner.work for inner in outer.inner), start=Path())
     return outer.work + _times(more, workload.inner_trips - 1)
+
+
+def one_chunk_program(kernel, trips: int) -> Path:
+    """A program whose work is one chunk: its work path with every loop taken `trips` times per iteration of the
+    code around it (a loop nested d deep: trips^d times in all)."""
+    def around(loop) -> int:  # the outer loops it is nested in (one holds another's innermost loops, and more code)
+        mine = {id(i) for i in loop.inner} or {id(loop)}
+        return sum(1 for other in kernel.outer_loops if other is not loop
+                   and mine <= {id(i) for i in other.inner} and other.instructions > loop.instructions)
+
+    total = kernel.work
+    for loop in kernel.loops + kernel.outer_loops:
+        body = sum((_times(inner.work, -1) for inner in loop.inner), start=loop.work)  # without its nested loops
+        total = total + _times(body, trips ** (1 + around(loop)) - 1)
+    return total
 
 
 def token_iteration(kernel, workload: Workload) -> Path:
@@ -327,6 +383,9 @@ def predict(kernel, workload: Workload) -> Prediction:
         high = sum(max(w, FMA_LATENCY) * per_step.instructions + DRAM_LATENCY for w in waves)
         chain = (steps * low / CLOCK_HZ, steps * high / CLOCK_HZ)
         per_token = Path(instructions=round(per_step.instructions * steps / workload.tokens))
+    elif workload.loop_trips:
+        per_token, chain, scratch = None, None, 0
+        thread_instructions = one_chunk_program(kernel, workload.loop_trips).instructions * blocks * threads
     else:
         per_token, chain, scratch = None, None, 0
         share = workload.written / (blocks * threads)  # output bytes one thread stores
