@@ -155,6 +155,19 @@ def test_triton_rope_neox_and_gptj_are_16_byte():
     assert report.sixteen_byte_failures([gptj], not_yet={gptj.key})
 
 
+def test_fp32_chunked_wkv7_products_never_use_tensor_cores():
+    """precision="fp32" promises exact fp32 products: the chunked Triton kernels' dots take input_precision="ieee"
+    (FMA units). A dot left at the GPU default would run on TF32 tensor cores (operands rounded to 10 bits), which the
+    interpreter cannot show; the SASS can. The bf16 mode's split products are tensor-core ones by design."""
+    if _common.INTERPRETING:
+        run_without_interpreter(__file__, "test_fp32_chunked_wkv7_products_never_use_tensor_cores")
+        return
+    for name in ("wkv7 chunked fwd prep N64 bf16", "wkv7 chunked fwd state N64 bf16", "wkv7 chunked bwd state N64 bf16",
+                 "wkv7 chunked bwd N64 bf16"):
+        assert kernels.triton_kernel(name).tensor_core == 0, name
+    assert kernels.triton_kernel("wkv7 chunked fwd state N64 bf16-dots").tensor_core > 0
+
+
 @needs_nvcc
 def test_device_conversions_are_single_instructions():
     """On the device, precision.h rounds fp32 to bf16 / fp16 and widens fp16 with one hardware conversion each (the

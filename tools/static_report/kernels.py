@@ -37,6 +37,7 @@ class Kernel:
     work: sass.Path          # entry to exit, every loop body taken once, storing the most
     loops: list[Loop] = field(default_factory=list)  # innermost loops only
     outer_loops: list[Loop] = field(default_factory=list)  # the others (e.g. the chunked WKV7 forward's chunk loop)
+    tensor_core: int = 0     # static count of tensor-core instructions (sass.TENSOR_CORE)
 
     @property
     def hot_loop(self) -> Loop | None:
@@ -59,7 +60,8 @@ def summarise(key, twin, source, name, resources, instructions, threads=None) ->
     return Kernel(key, twin, source, name, resources["registers"], resources["stack"], resources["spill_stores"],
                   resources["spill_loads"], resources["shared"], threads, paths[max(paths)],
                   [summaries[loop.header] for loop in flow.loops if loop.innermost],
-                  [summaries[loop.header] for loop in flow.loops if not loop.innermost])
+                  [summaries[loop.header] for loop in flow.loops if not loop.innermost],
+                  sum(1 for instruction in instructions if instruction.mnemonic in sass.TENSOR_CORE))
 
 
 def cuda_kernels(root: str, source: str) -> list[Kernel]:

@@ -155,14 +155,15 @@ def markdown(kernels: list[Kernel], predictions: list[model.Prediction], header:
         "## Every kernel",
         "",
         "Registers, ptxas's spill bytes (stores/loads) and stack frame, shared memory (CUDA: static only, the "
-        "dynamic part is set at launch; Triton: all of it), and for each innermost loop that stores to global "
+        "dynamic part is set at launch; Triton: all of it), tensor-core instructions in the kernel (static count: "
+        "HMMA, HGMMA and kin), and for each innermost loop that stores to global "
         "memory one iteration's instructions and global (LDG/STG) and local (LDL/STL) accesses per thread, on the "
         "path that stores the most; **hot**: the loop that stores the most per iteration.",
         "",
-        _row("twin", "kernel", "regs", "spill st/ld B", "stack B", "smem B",
+        _row("twin", "kernel", "regs", "spill st/ld B", "stack B", "smem B", "mma",
              "loops that store: instructions and accesses per thread"),
-        _row("---", "---", "--:", "--:", "--:", "--:", "---"),
-        *(_row(k.twin, k.key, k.registers, f"{k.spill_stores}/{k.spill_loads}", k.stack, k.shared,
+        _row("---", "---", "--:", "--:", "--:", "--:", "--:", "---"),
+        *(_row(k.twin, k.key, k.registers, f"{k.spill_stores}/{k.spill_loads}", k.stack, k.shared, k.tensor_core,
                _storing_loops(k)) for k in kernels),
         "",
         "## Checks",

@@ -35,6 +35,8 @@ _WIDTHS = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 GLOBAL_LOADS = frozenset({"LDG", "LD", "LDGSTS"})
 GLOBAL_STORES = frozenset({"STG", "ST", "RED", "REDG", "ATOM", "ATOMG"})
 LOCAL = frozenset({"LDL", "STL"})
+# Tensor-core instructions: warp-level mma (HMMA, IMMA, DMMA, BMMA) and Hopper's warpgroup mma (HGMMA and kin).
+TENSOR_CORE = frozenset({"HMMA", "IMMA", "DMMA", "BMMA", "HGMMA", "IGMMA", "QGMMA", "BGMMA"})
 _BRANCHES = frozenset({"BRA", "JMP"})
 _ENDS = frozenset({"BRA", "JMP", "BRX", "JMX", "EXIT", "RET", "KILL"})
 
