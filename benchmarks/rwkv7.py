@@ -6,7 +6,8 @@
 Rows run shortest first (decode, log decay, the eager-sized wkv7, then the long wkv7), so a run cut short by a time
 limit loses the longest rows, not the decode figures.
 
-- wkv7: ropewkv.wkv7 on every kernel backend, both precisions and both algorithms (sequential, chunked), FLA's chunk_rwkv7 (log decay, state [N,H,K,V];
+- wkv7: ropewkv.wkv7 on every kernel backend, both precisions and both algorithms (sequential, chunked: named, not
+  "auto"), FLA's chunk_rwkv7 (log decay, state [N,H,K,V];
   its w is converted from ours outside the timing), the eager reference (a Python loop over T) and torch.compile of
   it. The loop is slow and its autograd graph keeps every step's state, so eager and compile run only at the
   shape marked "(+eager)" (on a GPU a scaled-down T: tok/s, not times, compare across shapes); every kernel runs
@@ -57,8 +58,10 @@ def config(device: torch.device, quick: bool) -> Config:
                       (8, 4096, 4096))
     if quick:
         return Config([], (1, 64, 4, 64), (1, 16), (4, 64), (1, 256, 1024))
-    # B1 T4096 H4 N64: the chunked CPU twin's goal shape (issue 15: >= 3x the sequential twin's fwd+bwd).
-    return Config([(1, 4096, 4, 64)], (1, 1024, 4, 64), (1, 64), (8, 64), (1, 4096, 1024))
+    # B1 T4096 H4 N64: the chunked CPU twin's goal shape (issue 15: >= 3x the sequential twin's fwd+bwd); T16 and
+    # T256: short sequences, where algorithm="auto" on the cpu backend (the chunked form) must not lose.
+    return Config([(1, 16, 4, 64), (1, 256, 4, 64), (1, 4096, 4, 64)], (1, 1024, 4, 64), (1, 64), (8, 64),
+                  (1, 4096, 1024))
 
 
 def _tiled_inputs(batch, seqlen, heads, n, dtype, device, generator, state=False):
@@ -88,7 +91,7 @@ def wkv7_impls(device, args, eager_ok: bool) -> list:
     for backend in common.kernel_backends(device):
         for precision in ("fp32", "bf16"):
             impls.append((f"ropewkv.wkv7[{backend},{precision}]", lambda *x, b=backend, p=precision: ropewkv.wkv7(
-                *x, decay=DECAY, precision=p, backend=b)[0], *same))
+                *x, decay=DECAY, precision=p, backend=b, algorithm="sequential")[0], *same))
     for backend in common.kernel_backends(device):
         for precision in ("fp32", "bf16"):
             impls.append((f"ropewkv.wkv7[{backend},{precision},chunked]", lambda *x, b=backend, p=precision:

@@ -55,15 +55,16 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
     return resolved
 
 
-def _resolve_algorithm(algorithm) -> str:
-    """The algorithm for `algorithm`: every backend runs both. "auto" is "sequential" everywhere until a GPU measures
-    the chunked/sequential crossover (benchmarks/NOTES.md, "Chunked WKV7"): on the CPU twin the chunked form is
-    2.65-2.9x faster at T = 4096 (short of the 3x the rule asks for) and untimed at short T, and the Triton and CUDA
-    chunked kernels are untimed on a GPU so far."""
+def _resolve_algorithm(algorithm, backend: str) -> str:
+    """The algorithm for `algorithm` on the resolved `backend`: every backend runs both. "auto" is "chunked" on the
+    cpu twin, measured faster at every sequence length but T = 1 (a tie): 1.5-2x fwd+bwd at T = 4-16, 2.4-3.9x at
+    T >= 32, N = 32..256, one thread (benchmarks/NOTES.md, "CPU twin: auto picks the chunked form"). Elsewhere
+    "sequential" until a GPU measures the crossover: the Triton and CUDA chunked kernels are predicted, not timed,
+    in their current form."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "auto":
-        return "sequential"
+        return "chunked" if backend == "cpu" else "sequential"
     return algorithm
 
 
@@ -174,15 +175,16 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
         algorithm: "auto" | "sequential" | "chunked". "sequential" steps the state token by token; "chunked" runs
             16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu,
             triton and cuda backends (cuda: a chunked forward, fp32 SIMT so far, and the sequential backward, which
-            recomputes from the same checkpoints). "auto" is "sequential" until a GPU measures the crossover (see
-            _resolve_algorithm). The reference backend is the fp64 oracle whatever the algorithm.
+            recomputes from the same checkpoints). "auto": "chunked" on the cpu backend (measured faster at every T
+            but 1), "sequential" on the others until a GPU measures the crossover (see _resolve_algorithm). The
+            reference backend is the fp64 oracle whatever the algorithm.
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
     Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included; w's
     gradient comes in w's dtype.
     """
     resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
-    algorithm = _resolve_algorithm(algorithm)
+    algorithm = _resolve_algorithm(algorithm, resolved)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
