@@ -274,6 +274,15 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
 
 
 @triton.jit
+def _state_pass_program(cu_ptr, T, H, N: tl.constexpr, BV: tl.constexpr, VARLEN: tl.constexpr):
+    """A state pass's program (grid: (sequence, head, block of BV state columns), the column block fastest):
+    _sequence's (n, h, bos, eos) and its first column v0."""
+    program = tl.program_id(0).to(tl.int64)
+    n, h, bos, eos = _sequence(program // (N // BV), cu_ptr, T, H, VARLEN)
+    return n, h, bos, eos, (program % (N // BV)) * BV
+
+
+@triton.jit
 def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                           N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREP: tl.constexpr,
                           LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
@@ -281,9 +290,7 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
     """The chunks of one (sequence, head) in order, for BV value columns of the state (a program per (sequence,
     head, value block)): U = W ST + M V, Y = R' ST + Q' V, ST <- diag(E[L][0]) ST + B^^T U + K^^T V, the state's
     [N, BV] block kept in sT (the output) and read and written in [BK, BV] slices: see the module docstring."""
-    program = tl.program_id(0).to(tl.int64)
-    n, h, bos, eos = _sequence(program // (N // BV), cu_ptr, T, H, VARLEN)
-    v0 = (program % (N // BV)) * BV
+    n, h, bos, eos, v0 = _state_pass_program(cu_ptr, T, H, N, BV, VARLEN)
     rows = tl.arange(0, L)
     kk = tl.arange(0, BK)
     vv = tl.arange(0, BV)
@@ -332,9 +339,7 @@ def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_pt
     of gck; the step is G^T <- diag(E[L][0]) G^T + W^T (B^ G^T) + R'^T dY, the prep's W, B^, R', E[L][0] (the
     forward's U and Y lines in reverse: dX = T^T (B^ G^T + Qb^T dY), and A~^T T^T = W^T). G^T's block lives in ds0
     (the output: the initial state's gradient at the end), read and written in [BK, BV] slices."""
-    program = tl.program_id(0).to(tl.int64)
-    n, h, bos, eos = _sequence(program // (N // BV), cu_ptr, T, H, VARLEN)
-    v0 = (program % (N // BV)) * BV
+    n, h, bos, eos, v0 = _state_pass_program(cu_ptr, T, H, N, BV, VARLEN)
     rows = tl.arange(0, L)
     kk = tl.arange(0, BK)
     vv = tl.arange(0, BV)
@@ -401,7 +406,9 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     rows_at = rows[:, None] * HN + offs[None, :]
     rows_at_i = rows[:, None] * HN + kk[None, :]  # + i0 (or + j0)
     row0 = ((bos + c * L) * H + h) * N
-    valid = (rows < eos - bos - c * L)[:, None]  # none in a gap slot: nothing is stored
+    # None valid in a gap slot (past its sequence's last chunk): its checkpoint, G^T and prep were never written, and
+    # the program reads them (in bounds) but stores nothing.
+    valid = (rows < eos - bos - c * L)[:, None]
     # The forward's U = W S0^T + M V (as its state pass), and dU, dV from S_L (B^ G^T, K^ G^T).
     prep = prep_ptr + program * PREP
     squares = prep + 4 * L * N + N  # M, Q', T, Ak, Qb, Qk
