@@ -342,3 +342,20 @@ def test_wkv7_nan_propagates_like_reference(device):
         y, final = wkv7(*tensors, output_final_state=True, backend=backend)
         assert torch.equal(y.isnan(), expected.isnan().to(y.device)), backend
         assert torch.equal(final.isnan(), expected_final.isnan().to(final.device)), backend
+
+
+def test_wkv7_chunked_nan_stays_in_its_chunk_and_after(device):
+    """The chunked form's triangular products multiply the zeros above their diagonal by every token of the chunk, so
+    a NaN input also reaches the earlier tokens of its 16-token chunk (the reason algorithm="auto" stays sequential),
+    but never an earlier chunk, another head or another sequence."""
+    x = rwkv7_inputs(2, 40, 2, 32, device=device)
+    tensors = [x[n] for n in ("r", "w", "k", "v", "a", "b")]
+    tensors[3][1, 19, 0, 5] = math.nan  # v of batch 1, token 19 (chunk 16..31), head 0
+    expected, expected_final = rwkv7_ref.wkv7(*tensors, output_final_state=True)
+    expected = expected.isnan().to(device)
+    allowed = expected.clone()
+    allowed[1, 16:19, 0] = True  # the poisoned chunk's earlier tokens, that head (which of its columns: per twin)
+    for backend in kernel_backends(device):
+        y, final = wkv7(*tensors, output_final_state=True, backend=backend, algorithm="chunked")
+        assert (y.isnan() >= expected).all() and (y.isnan() <= allowed).all(), backend
+        assert torch.equal(final.isnan(), expected_final.isnan().to(final.device)), backend
