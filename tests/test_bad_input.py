@@ -344,18 +344,37 @@ def test_wkv7_nan_propagates_like_reference(device):
         assert torch.equal(final.isnan(), expected_final.isnan().to(final.device)), backend
 
 
-def test_wkv7_chunked_nan_stays_in_its_chunk_and_after(device):
-    """The chunked form's triangular products multiply the zeros above their diagonal by every token of the chunk, so
-    a NaN input also reaches the earlier tokens of its 16-token chunk (the reason algorithm="auto" stays sequential),
-    but never an earlier chunk, another head or another sequence."""
+@pytest.mark.parametrize("position", [0, 5, 19])
+@pytest.mark.parametrize("name", ["r", "w", "k", "v", "a", "b"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_wkv7_cpu_chunked_nonfinite_reaches_what_it_reaches_sequentially(name, position, bad):
+    """The cpu twin's chunked form takes only the triangles of its in-chunk products (gemm_lower), so a non-finite
+    input (at a chunk's first, a middle or a later token) makes exactly the reference's outputs and final state
+    non-finite (NaN where the reference's are NaN, for a NaN input; an Inf input's NaN/Inf mix follows the summation
+    order): what lets algorithm="auto" pick it on the cpu backend."""
+    x = rwkv7_inputs(2, 40, 2, 32)
+    tensors = [x[n].clone() for n in ("r", "w", "k", "v", "a", "b")]
+    tensors[("r", "w", "k", "v", "a", "b").index(name)][1, position, 0, 5] = bad
+    expected, expected_final = rwkv7_ref.wkv7(*tensors, output_final_state=True)
+    y, final = wkv7(*tensors, output_final_state=True, backend="cpu", algorithm="chunked")
+    assert torch.equal(y.isfinite(), expected.isfinite()) and torch.equal(final.isfinite(), expected_final.isfinite())
+    if bad != bad:
+        assert torch.equal(y.isnan(), expected.isnan())
+
+
+def test_wkv7_triton_chunked_nan_stays_in_its_chunk_and_after(device):
+    """The Triton chunked kernels' dots run over all 16 rows of a chunk, multiplying the zeros above their diagonal
+    by every token, so a NaN input also reaches the earlier tokens of its chunk (the Triton twin's auto stays
+    sequential), but never an earlier chunk, another head or another sequence."""
+    if "triton" not in kernel_backends(device):
+        pytest.skip(f"the triton backend cannot run on {device.type} here")
     x = rwkv7_inputs(2, 40, 2, 32, device=device)
     tensors = [x[n] for n in ("r", "w", "k", "v", "a", "b")]
     tensors[3][1, 19, 0, 5] = math.nan  # v of batch 1, token 19 (chunk 16..31), head 0
     expected, expected_final = rwkv7_ref.wkv7(*tensors, output_final_state=True)
     expected = expected.isnan().to(device)
     allowed = expected.clone()
-    allowed[1, 16:19, 0] = True  # the poisoned chunk's earlier tokens, that head (which of its columns: per twin)
-    for backend in kernel_backends(device):
-        y, final = wkv7(*tensors, output_final_state=True, backend=backend, algorithm="chunked")
-        assert (y.isnan() >= expected).all() and (y.isnan() <= allowed).all(), backend
-        assert torch.equal(final.isnan(), expected_final.isnan().to(final.device)), backend
+    allowed[1, 16:19, 0] = True  # the poisoned chunk's earlier tokens, that head
+    y, final = wkv7(*tensors, output_final_state=True, backend="triton", algorithm="chunked")
+    assert (y.isnan() >= expected).all() and (y.isnan() <= allowed).all() and (y.isnan() > expected).any()
+    assert torch.equal(final.isnan(), expected_final.isnan().to(final.device))

@@ -87,6 +87,24 @@ void gemm_acc(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, bool a_transpo
   }
 }
 
+// C += A B for a lower-triangular A (rows x rows; A[m][k] = 0 for k > m, or for k >= m when strict): row m over
+// depth m + 1 (m) only, so that a non-finite row of B never reaches an earlier row of C through 0 x inf, as in the
+// sequential form, where token m's inputs never touch an earlier token's output. Per block of 6 rows from m0: the
+// columns before m0 as one blocked product, the block's own triangle row by row.
+template <typename acc_t>
+void gemm_lower(acc_t* C, int64_t ldc, const acc_t* A, int64_t lda, const acc_t* B, int64_t ldb, int64_t rows,
+                int64_t n_cols, bool strict) {
+  constexpr int64_t kRows = 6;
+  for (int64_t m0 = 0; m0 < rows; m0 += kRows) {
+    const int64_t block_rows = rows - m0 < kRows ? rows - m0 : kRows;
+    if (m0 > 0) gemm_acc(C + m0 * ldc, ldc, A + m0 * lda, lda, false, B, ldb, block_rows, m0, n_cols);
+    for (int64_t m = m0; m < m0 + block_rows; ++m) {
+      const int64_t depth = (strict ? m : m + 1) - m0;
+      if (depth > 0) gemm_acc(C + m * ldc, ldc, A + m * lda + m0, lda, false, B + m0 * ldb, ldb, 1, depth, n_cols);
+    }
+  }
+}
+
 #if defined(__AVX__)
 // One 8 x 8 tile of fp32, dst[i][j] = src[j][i], in registers: 8 loads, 24 shuffles, 8 stores (the compiler does not
 // vectorise the scalar tile loop).
@@ -294,13 +312,13 @@ struct Chunk {
 
   // Forward. ST: the state before the chunk (k-major), becomes the state after it. The outputs go to y() (fp32).
   void forward(acc_t* ST) {
-    // [Y; U] = [R~; A~] S0^T, then U = (I - Ab)^{-1} (A~ S0^T + Ak V) and Y += Qk V + Qb U. The L x L products are
-    // blocked products too (the entries outside their masks are zero: never written).
+    // [Y; U] = [R~; A~] S0^T, then U = (I - Ab)^{-1} (A~ S0^T + Ak V) and Y += Qk V + Qb U. The L x L products
+    // take their masks' lower triangles only (gemm_lower).
     acc_t *Y = y(), *U = u(), *V = v();
     gemm_acc(Y, n, RA.data(), n, false, ST, n, 2 * len, n, n, false);
-    gemm_acc(Y, n, Qk.data(), kChunk, false, V, n, len, len, n);
+    gemm_lower(Y, n, Qk.data(), kChunk, V, n, len, n, false);
     substitute_u();
-    gemm_acc(Y, n, Qb.data(), kChunk, false, U, n, len, len, n);
+    gemm_lower(Y, n, Qb.data(), kChunk, U, n, len, n, false);
     // S_L^T = diag(e^{c[L]}) S0^T + [B^; K^]^T [U; V].
     gemm_acc(ST, n, BK.data(), n, true, U, n, n, 2 * len, n, true, e(len, 0));
   }
@@ -314,7 +332,7 @@ struct Chunk {
   // U (holding A~ S0^T) += Ak V, then += Ab U by forward substitution, row by row (Ab strictly lower triangular).
   void substitute_u() {
     acc_t *U = u(), *V = v();
-    gemm_acc(U, n, Ak.data(), kChunk, false, V, n, len, len, n);
+    gemm_lower(U, n, Ak.data(), kChunk, V, n, len, n, true);
     for (int l = 1; l < len; ++l) {
       acc_t* ul = U + l * n;
       for (int m = 0; m < l; ++m) {

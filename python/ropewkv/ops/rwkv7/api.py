@@ -55,17 +55,17 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
     return resolved
 
 
-def _resolve_algorithm(algorithm) -> str:
-    """The algorithm for `algorithm`: every backend runs both. "auto" is "sequential" everywhere. On the CPU twin the
-    chunked form is faster at every T but 1 (2.9-3.4x fwd+bwd at T = 4096), but it spreads a NaN or Inf input to the
-    earlier tokens of its 16-token chunk (its triangular products multiply the zeros above the diagonal by it), where
-    the sequential form keeps them finite: the default keeps the sequential semantics (benchmarks/NOTES.md, "CPU twin:
-    the chunked form measured at every length"). The Triton and CUDA chunked kernels are untimed on a GPU in their
-    current form."""
+def _resolve_algorithm(algorithm, backend: str) -> str:
+    """The algorithm for `algorithm` on the resolved `backend`: every backend runs both. "auto" is "chunked" on the
+    cpu twin, measured faster at every sequence length but T = 1 (a tie): 1.5-2x fwd+bwd at T = 4-16, 2.4-3.9x at
+    T >= 32, N = 32..256, one thread, and a non-finite input reaches exactly the outputs it reaches in the sequential
+    form (benchmarks/NOTES.md, "CPU twin: the chunked form measured at every length"). Elsewhere "sequential" until a
+    GPU measures the crossover (the Triton and CUDA chunked kernels are untimed in their current form; the Triton
+    one also spreads a NaN to the earlier tokens of its chunk)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "auto":
-        return "sequential"
+        return "chunked" if backend == "cpu" else "sequential"
     return algorithm
 
 
@@ -176,8 +176,8 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
         algorithm: "auto" | "sequential" | "chunked". "sequential" steps the state token by token; "chunked" runs
             16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu,
             triton and cuda backends (cuda: a chunked forward, fp32 SIMT so far, and the sequential backward, which
-            recomputes from the same checkpoints). "auto" is "sequential" (see _resolve_algorithm: the chunked
-            form is faster on the cpu twin, but spreads a NaN/Inf input to the earlier tokens of its chunk). The
+            recomputes from the same checkpoints). "auto": "chunked" on the cpu backend (measured faster at every T
+            but 1), "sequential" on the others until a GPU measures the crossover (see _resolve_algorithm). The
             reference backend is the fp64 oracle whatever the algorithm.
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
@@ -185,7 +185,7 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     gradient comes in w's dtype.
     """
     resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
-    algorithm = _resolve_algorithm(algorithm)
+    algorithm = _resolve_algorithm(algorithm, resolved)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
