@@ -351,7 +351,7 @@ def test_wkv7_cpu_chunked_nonfinite_reaches_what_it_reaches_sequentially(name, p
     """The cpu twin's chunked form takes only the triangles of its in-chunk products (gemm_lower), so a non-finite
     input (at a chunk's first, a middle or a later token) makes exactly the reference's outputs and final state
     non-finite (NaN where the reference's are NaN, for a NaN input; an Inf input's NaN/Inf mix follows the summation
-    order): what lets algorithm="auto" pick it on the cpu backend."""
+    order), as in the sequential form."""
     x = rwkv7_inputs(2, 40, 2, 32)
     tensors = [x[n].clone() for n in ("r", "w", "k", "v", "a", "b")]
     tensors[("r", "w", "k", "v", "a", "b").index(name)][1, position, 0, 5] = bad
@@ -364,8 +364,8 @@ def test_wkv7_cpu_chunked_nonfinite_reaches_what_it_reaches_sequentially(name, p
 
 def test_wkv7_triton_chunked_nan_stays_in_its_chunk_and_after(device):
     """The Triton chunked kernels' dots run over all 16 rows of a chunk, multiplying the zeros above their diagonal
-    by every token, so a NaN input also reaches the earlier tokens of its chunk (the Triton twin's auto stays
-    sequential), but never an earlier chunk, another head or another sequence."""
+    by every token, so a NaN input also reaches the earlier tokens of its chunk, but never an earlier chunk, another
+    head or another sequence."""
     if "triton" not in kernel_backends(device):
         pytest.skip(f"the triton backend cannot run on {device.type} here")
     x = rwkv7_inputs(2, 40, 2, 32, device=device)

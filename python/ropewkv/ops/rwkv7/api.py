@@ -55,17 +55,17 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
     return resolved
 
 
-def _resolve_algorithm(algorithm, backend: str) -> str:
-    """The algorithm for `algorithm` on the resolved `backend`: every backend runs both. "auto" is "chunked" on the
-    cpu twin, measured faster at every sequence length but T = 1 (a tie): 1.5-2x fwd+bwd at T = 4-16, 2.4-3.9x at
-    T >= 32, N = 32..256, one thread, and a non-finite input reaches exactly the outputs it reaches in the sequential
-    form (benchmarks/NOTES.md, "CPU twin: the chunked form measured at every length"). Elsewhere "sequential" until a
-    GPU measures the crossover (the Triton and CUDA chunked kernels are untimed in their current form; the Triton
-    one also spreads a NaN to the earlier tokens of its chunk)."""
+def _resolve_algorithm(algorithm) -> str:
+    """The algorithm for `algorithm`: every backend runs both. "auto" is "sequential" everywhere. On the cpu twin the
+    chunked form is faster at every T but 1 (3.2-3.5x fwd+bwd at T = 4096) and a non-finite input reaches exactly the
+    outputs it reaches sequentially, but it is not bit for bit invariant to left padding: a frozen (masked) token
+    shifts the 16-token chunk grid, so the padded row's state differs from the unpadded one's in the last bits
+    (tests/test_wkv7_conventions.py::test_mask_freezes_the_state; benchmarks/NOTES.md, "CPU twin: the chunked form
+    measured at every length"). The Triton and CUDA chunked kernels are untimed on a GPU in their current form."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "auto":
-        return "chunked" if backend == "cpu" else "sequential"
+        return "sequential"
     return algorithm
 
 
@@ -176,16 +176,16 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
         algorithm: "auto" | "sequential" | "chunked". "sequential" steps the state token by token; "chunked" runs
             16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu,
             triton and cuda backends (cuda: a chunked forward, fp32 SIMT so far, and the sequential backward, which
-            recomputes from the same checkpoints). "auto": "chunked" on the cpu backend (measured faster at every T
-            but 1), "sequential" on the others until a GPU measures the crossover (see _resolve_algorithm). The
-            reference backend is the fp64 oracle whatever the algorithm.
+            recomputes from the same checkpoints). "auto" is "sequential" (see _resolve_algorithm: the chunked
+            form is faster on the cpu twin but not bit for bit invariant to left padding). The reference backend is
+            the fp64 oracle whatever the algorithm.
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
     Differentiable w.r.t. r, w, k, v, a, b and initial_state, with the cotangent of final_state included; w's
     gradient comes in w's dtype.
     """
     resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
-    algorithm = _resolve_algorithm(algorithm, resolved)
+    algorithm = _resolve_algorithm(algorithm)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
