@@ -224,6 +224,28 @@ def _chunk_of_slot(slot, cu_ptr, n_seqs, T, L: tl.constexpr, VARLEN: tl.constexp
 
 
 @triton.jit
+def _slot_program(cu_ptr, T, H, n_seqs, L: tl.constexpr, VARLEN: tl.constexpr):
+    """A one-chunk program's indices (grid: (slot, head), the head fastest): the program, the sequence n, head h,
+    chunk c and _sequence's token range [bos, eos)."""
+    program = tl.program_id(0).to(tl.int64)
+    n, c = _chunk_of_slot(program // H, cu_ptr, n_seqs, T, L, VARLEN)
+    _, h, bos, eos = _sequence(n * H + program % H, cu_ptr, T, H, VARLEN)
+    return program, n, h, c, bos, eos
+
+
+@triton.jit
+def _prep_rows(prep, i, L: tl.constexpr, N: tl.constexpr):
+    """Block i of a chunk's prep: the [L, N] W, R', B^, K^ (i = 0..3, row-major), then E[L][0] [N] (i = 4)."""
+    return prep + i * L * N
+
+
+@triton.jit
+def _prep_square(prep, i, L: tl.constexpr, N: tl.constexpr):
+    """Square i of a chunk's prep, after its rows: the [L, L] M, Q' and (backward) T, Ak, Qb, Qk (i = 0..5)."""
+    return prep + 4 * L * N + N + i * L * L
+
+
+@triton.jit
 def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T, H, n_seqs,
                          N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, PREP: tl.constexpr,
                          DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr, VARLEN: tl.constexpr,
@@ -232,10 +254,7 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     R' = R~ + Qb W, B^, K^ [L, N], E[L][0] [N], M = T Ak, Q' = Qb M + Qk [L, L] and (SQUARES, for the backward)
     T, Ak, Qb, Qk [L, L], stored in that order at prep (PREP floats per program). Its dots are all 16 x 16 x 16
     ("ieee" in both precision modes)."""
-    program = tl.program_id(0).to(tl.int64)
-    n, c = _chunk_of_slot(program // H, cu_ptr, n_seqs, T, L, VARLEN)
-    h = program % H
-    _, _, bos, eos = _sequence(n * H + h, cu_ptr, T, H, VARLEN)
+    program, n, h, c, bos, eos = _slot_program(cu_ptr, T, H, n_seqs, L, VARLEN)
     rows = tl.arange(0, L)
     kk = tl.arange(0, BK)
     HN = H * N
@@ -253,24 +272,43 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     Tm = _solve_matrix(Ab, L)
     M = tl.dot(Tm, Ak, input_precision="ieee")
     square_at = rows[:, None] * L + rows[None, :]
-    tl.store(prep + 4 * L * N + N + square_at, M)
-    tl.store(prep + 4 * L * N + N + L * L + square_at, Qk + tl.dot(Qb, M, input_precision="ieee"))
+    tl.store(_prep_square(prep, 0, L, N) + square_at, M)
+    tl.store(_prep_square(prep, 1, L, N) + square_at, Qk + tl.dot(Qb, M, input_precision="ieee"))
     if SQUARES:
-        tl.store(prep + 4 * L * N + N + 2 * L * L + square_at, Tm)
-        tl.store(prep + 4 * L * N + N + 3 * L * L + square_at, Ak)
-        tl.store(prep + 4 * L * N + N + 4 * L * L + square_at, Qb)
-        tl.store(prep + 4 * L * N + N + 5 * L * L + square_at, Qk)
+        tl.store(_prep_square(prep, 2, L, N) + square_at, Tm)
+        tl.store(_prep_square(prep, 3, L, N) + square_at, Ak)
+        tl.store(_prep_square(prep, 4, L, N) + square_at, Qb)
+        tl.store(_prep_square(prep, 5, L, N) + square_at, Qk)
     slice_at = rows[:, None] * N + kk[None, :]
     for j0 in range(0, N, BK):
         r, k, a, b, dlog, ca, cb, clast = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
         W = tl.dot(Tm, a * tl.exp(cb), input_precision="ieee")
         rest = tl.exp(clast[None, :] - ca)
-        tl.store(prep + j0 + slice_at, W)
-        tl.store(prep + L * N + j0 + slice_at, r * tl.exp(ca) + tl.dot(Qb, W, input_precision="ieee"))
-        tl.store(prep + 2 * L * N + j0 + slice_at, b * rest)
-        tl.store(prep + 3 * L * N + j0 + slice_at, k * rest)
-        tl.store(prep + 4 * L * N + j0 + kk, tl.exp(clast))
+        tl.store(_prep_rows(prep, 0, L, N) + j0 + slice_at, W)
+        tl.store(_prep_rows(prep, 1, L, N) + j0 + slice_at, r * tl.exp(ca) + tl.dot(Qb, W, input_precision="ieee"))
+        tl.store(_prep_rows(prep, 2, L, N) + j0 + slice_at, b * rest)
+        tl.store(_prep_rows(prep, 3, L, N) + j0 + slice_at, k * rest)
+        tl.store(_prep_rows(prep, 4, L, N) + j0 + kk, tl.exp(clast))
+
+
+@triton.jit
+def _step_state_block(state, state_at, prep, first, x, second, y, N: tl.constexpr, L: tl.constexpr,
+                      BK: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """state <- diag(E[L][0]) state + P_first^T x + P_second^T y, for an [N, BV] block of a state (or of its
+    cotangent) held at state + state_at (+ j0 per [BK, BV] slice), P_i the prep's [L, N] rows i: the forward's update
+    (B^ with U, K^ with V) and the backward's cotangent step (W with Z, R' with dY). Barriers: every thread has read
+    a slice (here and in the pass before) before it is written, and the next chunk reads the whole block."""
+    slice_at = tl.arange(0, L)[:, None] * N + tl.arange(0, BK)[None, :]
+    kk = tl.arange(0, BK)
+    for j0 in range(0, N, BK):
+        block = tl.load(state + j0 + state_at)
+        block = (tl.load(_prep_rows(prep, 4, L, N) + j0 + kk)[:, None] * block
+                 + _dot(tl.trans(tl.load(_prep_rows(prep, first, L, N) + j0 + slice_at)), x, BF16_DOTS, INTERPRET)
+                 + _dot(tl.trans(tl.load(_prep_rows(prep, second, L, N) + j0 + slice_at)), y, BF16_DOTS, INTERPRET))
+        tl.debug_barrier()
+        tl.store(state + j0 + state_at, block)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -309,31 +347,24 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
         valid = (rows < eos - bos - c * L)[:, None]
         prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
-        U = _dot(tl.load(prep + 4 * L * N + N + square_at), v, BF16_DOTS, INTERPRET)
-        Y = _dot(tl.load(prep + 4 * L * N + N + L * L + square_at), v, BF16_DOTS, INTERPRET)
+        U = _dot(tl.load(_prep_square(prep, 0, L, N) + square_at), v, BF16_DOTS, INTERPRET)
+        Y = _dot(tl.load(_prep_square(prep, 1, L, N) + square_at), v, BF16_DOTS, INTERPRET)
         for j0 in range(0, N, BK):
             ST = tl.load(sT + j0 + state_at)
             if SAVE:
                 tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + j0 * N + v0 + ckpt_at, ST)
-            U += _dot(tl.load(prep + j0 + slice_at), ST, BF16_DOTS, INTERPRET)
-            Y += _dot(tl.load(prep + L * N + j0 + slice_at), ST, BF16_DOTS, INTERPRET)
+            U += _dot(tl.load(_prep_rows(prep, 0, L, N) + j0 + slice_at), ST, BF16_DOTS, INTERPRET)
+            Y += _dot(tl.load(_prep_rows(prep, 1, L, N) + j0 + slice_at), ST, BF16_DOTS, INTERPRET)
         _store_rows(y_ptr + row0, rows_at, Y, LOW_PRECISION, valid)
-        for j0 in range(0, N, BK):
-            ST = tl.load(sT + j0 + state_at)
-            ST = (tl.load(prep + 4 * L * N + j0 + kk)[:, None] * ST
-                  + _dot(tl.trans(tl.load(prep + 2 * L * N + j0 + slice_at)), U, BF16_DOTS, INTERPRET)
-                  + _dot(tl.trans(tl.load(prep + 3 * L * N + j0 + slice_at)), v, BF16_DOTS, INTERPRET))
-            tl.debug_barrier()  # every thread has read this slice (above, and in the first pass)
-            tl.store(sT + j0 + state_at, ST)
-        tl.debug_barrier()  # the next chunk reads the state written above
+        # ST <- diag(E[L][0]) ST + B^^T U + K^^T V.
+        _step_state_block(sT, state_at, prep, 2, U, 3, v, N, L, BK, BF16_DOTS, INTERPRET)
 
 
 @triton.jit
 def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_ptr, T, H,
                               N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                              PREP: tl.constexpr,
-                              BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, HAS_GST: tl.constexpr,
-                              VARLEN: tl.constexpr):
+                              PREP: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
+                              HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
     """The state cotangent through the chunks in reverse, for BV value columns (a program per (sequence, head,
     value block)): before each chunk's step, G^T (the cotangent of the state after the chunk) is stored to its slot
     of gck; the step is G^T <- diag(E[L][0]) G^T + W^T (B^ G^T) + R'^T dY, the prep's W, B^, R', E[L][0] (the
@@ -362,15 +393,9 @@ def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_pt
         for j0 in range(0, N, BK):
             GT = tl.load(gT + j0 + state_at)
             tl.store(gck + j0 + state_at, GT)
-            Z += _dot(tl.load(prep + 2 * L * N + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
-        for j0 in range(0, N, BK):
-            GT = tl.load(gT + j0 + state_at)
-            GT = (tl.load(prep + 4 * L * N + j0 + kk)[:, None] * GT
-                  + _dot(tl.trans(tl.load(prep + j0 + slice_at)), Z, BF16_DOTS, INTERPRET)
-                  + _dot(tl.trans(tl.load(prep + L * N + j0 + slice_at)), dy, BF16_DOTS, INTERPRET))
-            tl.debug_barrier()  # every thread has read this slice (above, and in the first pass)
-            tl.store(gT + j0 + state_at, GT)
-        tl.debug_barrier()  # the previous chunk reads the cotangent written above
+            Z += _dot(tl.load(_prep_rows(prep, 2, L, N) + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
+        # G^T <- diag(E[L][0]) G^T + W^T Z + R'^T dY.
+        _step_state_block(gT, state_at, prep, 0, Z, 1, dy, N, L, BK, BF16_DOTS, INTERPRET)
 
 
 @triton.jit
@@ -383,9 +408,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     checkpoint), G^T (the state cotangent after it, from the backward's state pass) and the prep (with SQUARES):
     k runs in BK-row slices of both, the products over v in BK-column slices of v (U and dX through the scratch):
     see the module docstring."""
-    program = tl.program_id(0).to(tl.int64)
-    n, c = _chunk_of_slot(program // H, cu_ptr, n_seqs, T, L, VARLEN)
-    _, h, bos, eos = _sequence(n * H + program % H, cu_ptr, T, H, VARLEN)
+    program, n, h, c, bos, eos = _slot_program(cu_ptr, T, H, n_seqs, L, VARLEN)
     offs = tl.arange(0, N)
     kk = tl.arange(0, BK)
     rows = tl.arange(0, L)
@@ -411,28 +434,28 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     valid = (rows < eos - bos - c * L)[:, None]
     # The forward's U = W S0^T + M V (as its state pass), and dU, dV from S_L (B^ G^T, K^ G^T).
     prep = prep_ptr + program * PREP
-    squares = prep + 4 * L * N + N  # M, Q', T, Ak, Qb, Qk
     square_at = rows[:, None] * L + rows[None, :]
-    U = _dot(tl.load(squares + square_at), _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION), BF16_DOTS,
-             INTERPRET)
+    U = _dot(tl.load(_prep_square(prep, 0, L, N) + square_at), _load_rows(v_ptr + row0, rows_at, valid,
+                                                                           LOW_PRECISION), BF16_DOTS, INTERPRET)
     dU = tl.zeros((L, N), dtype=tl.float32)
     dV = tl.zeros((L, N), dtype=tl.float32)
     # The pipelining depths and disable_licm here and below: no spills at N = 64 with Triton 3.6 and 3.7 (the
     # defaults spill 16-56 B of hoisted addresses and invariants).
     for j0 in tl.range(0, N, BK, num_stages=1):
-        U += _dot(tl.load(prep + j0 + slice_at), tl.load(ckpt + j0 * N + ckpt_at), BF16_DOTS, INTERPRET)
+        U += _dot(tl.load(_prep_rows(prep, 0, L, N) + j0 + slice_at), tl.load(ckpt + j0 * N + ckpt_at), BF16_DOTS,
+                  INTERPRET)
         GT = tl.load(grad + j0 + state_at)
-        dU += _dot(tl.load(prep + 2 * L * N + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
-        dV += _dot(tl.load(prep + 3 * L * N + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
+        dU += _dot(tl.load(_prep_rows(prep, 2, L, N) + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
+        dV += _dot(tl.load(_prep_rows(prep, 3, L, N) + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
     # The products over v (dQb, dQk, dAb = dX U^T, dAk = dX V^T; dR~, dA~, dB^, dK^ per k slice below) run in
     # BK-column slices of v, U and dX read back from the scratch. Each [L, N] block is stored as soon as it is
     # complete, so that few are live at once (the peak of the backward's register pressure is here at N = 128).
-    Tm = tl.load(squares + 2 * L * L + square_at)
-    Ak = tl.load(squares + 3 * L * L + square_at)
-    Qb = tl.load(squares + 4 * L * L + square_at)
-    Qk = tl.load(squares + 5 * L * L + square_at)
+    Tm = tl.load(_prep_square(prep, 2, L, N) + square_at)
+    Ak = tl.load(_prep_square(prep, 3, L, N) + square_at)
+    Qb = tl.load(_prep_square(prep, 4, L, N) + square_at)
+    Qk = tl.load(_prep_square(prep, 5, L, N) + square_at)
     tl.store(scratch + scratch_at, U)
-    # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = (I - Ab)^{-1} X.
+    # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = T (A~ S0^T + Ak V).
     dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
     dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
     dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
@@ -531,6 +554,18 @@ def prep_floats(n: int, backward: bool) -> int:
     return 4 * CHUNK * n + n + (6 if backward else 2) * CHUNK * CHUNK
 
 
+def _prep(r, w, k, a, b, cu_seqlens, n_seqs: int, decay: str, low_precision: bool, backward: bool):
+    """Every chunk's prep ([slots, H, prep_floats], slot-indexed as the checkpoints), from the first kernel."""
+    batch, seqlen, heads, n = r.shape
+    slots = checkpoint_slots(batch * seqlen, n_seqs)
+    prep = r.new_empty((slots, heads, prep_floats(n, backward)), dtype=torch.float32)
+    _chunked_prep_kernel[(slots * heads,)](
+        r, w, k, a, b, r if cu_seqlens is None else cu_seqlens, prep, seqlen, heads, n_seqs, N=n, L=CHUNK,
+        BK=min(n, 16), PREP=prep.shape[-1], DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
+        VARLEN=cu_seqlens is not None, SQUARES=backward, num_warps=PREP_NUM_WARPS[n])
+    return prep
+
+
 def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, checkpoints, decay: str,
                  low_precision: bool, bf16_dots: bool):
     """As recurrent.wkv7_forward (same arguments and checkpoint shape), chunked: two kernels, the state-independent
@@ -540,18 +575,13 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
     if n_seqs * heads == 0:
         return
     _check_row_offsets(heads, n)
-    slots = checkpoint_slots(batch * seqlen, n_seqs)
-    prep = r.new_empty((slots, heads, prep_floats(n, False)), dtype=torch.float32)
-    cu = r if cu_seqlens is None else cu_seqlens
-    flags = dict(N=n, L=CHUNK, BK=min(n, 16), PREP=prep.shape[-1], LOW_PRECISION=low_precision,
-                 VARLEN=cu_seqlens is not None)
-    _chunked_prep_kernel[(slots * heads,)](r, w, k, a, b, cu, prep, seqlen, heads, n_seqs, DECAY=DECAY_CODES[decay],
-                                          SQUARES=False, num_warps=PREP_NUM_WARPS[n], **flags)
+    prep = _prep(r, w, k, a, b, cu_seqlens, n_seqs, decay, low_precision, backward=False)
     _chunked_state_kernel[launch_grid(n_seqs, heads, n // VALUE_BLOCK[n])](
-        v, r if initial_state is None else initial_state, cu, prep, y, final_state,
-        final_state if checkpoints is None else checkpoints, seqlen, heads, BV=VALUE_BLOCK[n], BF16_DOTS=bf16_dots,
-        INTERPRET=_interpreting(), HAS_S0=initial_state is not None, SAVE=checkpoints is not None,
-        num_warps=STATE_NUM_WARPS[n], **flags)
+        v, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens, prep, y,
+        final_state, final_state if checkpoints is None else checkpoints, seqlen, heads, N=n, L=CHUNK, BK=min(n, 16),
+        BV=VALUE_BLOCK[n], PREP=prep.shape[-1], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
+        INTERPRET=_interpreting(), HAS_S0=initial_state is not None, VARLEN=cu_seqlens is not None,
+        SAVE=checkpoints is not None, num_warps=STATE_NUM_WARPS[n])
 
 
 def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, grads, grad_initial, decay: str,
@@ -563,20 +593,16 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     if n_seqs * heads == 0:
         return
     _check_row_offsets(heads, n)
-    slots = checkpoints.shape[0]
-    prep = r.new_empty((slots, heads, prep_floats(n, True)), dtype=torch.float32)
+    prep = _prep(r, w, k, a, b, cu_seqlens, n_seqs, decay, low_precision, backward=True)
     state_grads = torch.empty_like(checkpoints)
-    scratch = r.new_empty((slots * heads, 2, CHUNK, n), dtype=torch.float32)
+    scratch = r.new_empty((prep.shape[0] * heads, 2, CHUNK, n), dtype=torch.float32)
     cu = r if cu_seqlens is None else cu_seqlens
     flags = dict(N=n, L=CHUNK, BK=min(n, 16), PREP=prep.shape[-1], VARLEN=cu_seqlens is not None)
-    _chunked_prep_kernel[(slots * heads,)](r, w, k, a, b, cu, prep, seqlen, heads, n_seqs, DECAY=DECAY_CODES[decay],
-                                          LOW_PRECISION=low_precision, SQUARES=True, num_warps=PREP_NUM_WARPS[n],
-                                          **flags)
     _chunked_state_bwd_kernel[launch_grid(n_seqs, heads, n // VALUE_BLOCK[n])](
         grad_y, grad_initial if grad_final is None else grad_final, cu, prep, state_grads, grad_initial, seqlen, heads,
         BV=VALUE_BLOCK[n], BF16_DOTS=bf16_dots, INTERPRET=_interpreting(), HAS_GST=grad_final is not None,
         num_warps=STATE_NUM_WARPS[n], **flags)
-    _chunked_bwd_kernel[(slots * heads,)](
+    _chunked_bwd_kernel[(prep.shape[0] * heads,)](
         r, w, k, v, a, b, cu, checkpoints, grad_y, state_grads, prep, scratch, *grads, seqlen, heads, n_seqs,
         DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=_interpreting(),
         V_STAGES=BWD_V_STAGES[n], num_warps=BWD_NUM_WARPS[n], **flags)
