@@ -323,7 +323,9 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
           dy_[e] = wkv7::load<P>(gy[idx]);
         }
         __syncthreads();
-        const float* prev_col = states + (l - sub) * kNN + i;  // S_{t-1}[j][i] = prev_col[j * N]
+        // S_{t-1}[j][i] = prev_col[j * N]: `states` recomputed from blockIdx.x (= t.task), since held across the token
+        // loops it was what ptxas spilled at N = 128 (12 B at the 128-register cap, reloaded every token).
+        const float* prev_col = p.scratch + (int64_t(blockIdx.x) * (kSubChunk + 1) + (l - sub)) * kNN + i;
         const float* cur_col = prev_col + kNN;                 // S_t[j][i]
         const float dy_i = dy_[i], r_i = r_[i], d_i = d_[i], a_i = a_[i];
 #pragma unroll
