@@ -137,24 +137,36 @@ def test_cpu_twin_fp64_gradcheck():
 
 
 def test_algorithm_argument():
+    """"auto" on the cpu twin is the chunked form from CPU_CHUNKED_FROM_TOKENS tokens per sequence (their mean with
+    cu_seqlens), the sequential one below."""
+    from ropewkv.ops.rwkv7 import api
+
     x = parity.rwkv7_inputs(1, 8, 1, 32, torch.float32, "loglog", seeded(0), "cpu", False)
-    args = [x[n] for n in NAMES]
     with pytest.raises(ValueError, match="algorithm must be one of"):
-        ropewkv.wkv7(*args, algorithm="parallel")
-    y_auto, _ = ropewkv.wkv7(*args, backend="cpu", algorithm="auto")
-    y_chunked, _ = ropewkv.wkv7(*args, backend="cpu", algorithm="chunked")
-    y_seq, _ = ropewkv.wkv7(*args, backend="cpu", algorithm="sequential")
-    torch.testing.assert_close(y_auto, y_seq, rtol=0, atol=0)  # auto is the sequential form (api._resolve_algorithm)
-    assert not torch.equal(y_chunked, y_seq)  # (so that the line above tells the two apart)
+        ropewkv.wkv7(*(x[n] for n in NAMES), algorithm="parallel")
+    least = api.CPU_CHUNKED_FROM_TOKENS
+    for length, bounds, expected in ((least, None, "chunked"), (least - 1, None, "sequential"),
+                                     (2 * least, [0, 3, 2 * least], "chunked"),
+                                     (2 * least, [0, 1, 3, 2 * least], "sequential")):
+        x = parity.rwkv7_inputs(1, length, 1, 32, torch.float32, "loglog", seeded(length), "cpu", False)
+        cu = None if bounds is None else torch.tensor(bounds)
+        y = {algorithm: ropewkv.wkv7(*(x[n] for n in NAMES), cu_seqlens=cu, backend="cpu", algorithm=algorithm)[0]
+             for algorithm in ("auto", "chunked", "sequential")}
+        assert not torch.equal(y["chunked"], y["sequential"])  # (so that the next line tells the two apart)
+        assert torch.equal(y["auto"], y[expected]), (length, bounds, expected)
 
 
 def test_chunked_is_routed_on_every_backend():
     """backend="cuda" runs the chunked C++ op too (its CUDA impl: csrc/wkv7/wkv7_chunked_kernels.cuh, run on the host
-    by test_wkv7_chunked_cuda_on_host.py); only "auto" picks the algorithm."""
+    by test_wkv7_chunked_cuda_on_host.py); "auto" picks it on the cpu backend only."""
     from ropewkv.ops.rwkv7 import api
 
-    assert api._resolve_algorithm("chunked") == "chunked"
-    assert api._resolve_algorithm("auto") == "sequential"
+    for backend in ("cpu", "triton", "cuda"):
+        assert api._resolve_algorithm("chunked", backend, 1) == "chunked"
+        assert api._resolve_algorithm("sequential", backend, 4096) == "sequential"
+    assert api._resolve_algorithm("auto", "cpu", 4096) == "chunked"
+    assert api._resolve_algorithm("auto", "triton", 4096) == "sequential"
+    assert api._resolve_algorithm("auto", "cuda", 4096) == "sequential"
 
 
 @pytest.mark.parametrize("bounds", [None, [0, 7, 20]])
@@ -179,6 +191,31 @@ def test_matches_fla_chunk_rwkv7(fla, device, bounds):
 
         fla_harness.compare(fla_harness.run(ours, x, kwargs, cot), theirs, want, FP32_RMS,
                             fla_harness.FLA_ERROR["default"], backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_chunked_invariant_to_left_padding_and_packing(dtype):
+    """The cpu twin aligns its chunks to each sequence's end, so neither left padding (frozen tokens) nor the tokens
+    packed before a sequence move its tokens in their chunks: its outputs and final state stay the same bit for bit,
+    as in the sequential form (aligned to the packed time axis, they differed in the last bits)."""
+    heads, n = 2, 32
+    for length in (1, 3, 16, 21, 40):
+        for before in (1, 5, 16, 23):
+            x = parity.rwkv7_inputs(1, before + length, heads, n, dtype, "loglog", seeded(length * 100 + before),
+                                    "cpu")
+            s0 = torch.randn(2, heads, n, n, generator=seeded(before))
+            alone = ropewkv.wkv7(*(x[name][:, before:] for name in NAMES), initial_state=s0[1:],
+                                 output_final_state=True, algorithm="chunked", backend="cpu")
+            mask = torch.ones(1, before + length)
+            mask[:, :before] = 0
+            padded = ropewkv.wkv7(*(x[name] for name in NAMES), initial_state=s0[1:], output_final_state=True,
+                                  mask=mask, algorithm="chunked", backend="cpu")
+            packed = ropewkv.wkv7(*(x[name] for name in NAMES), initial_state=s0, output_final_state=True,
+                                  cu_seqlens=torch.tensor([0, before, before + length]), algorithm="chunked",
+                                  backend="cpu")
+            for name, (y, state) in {"padded": padded, "packed": packed}.items():
+                assert torch.equal(y[:, before:], alone[0]), (name, length, before)
+                assert torch.equal(state[-1:], alone[1]), (name, length, before)
 
 
 def test_cpu_op_passes_opcheck():

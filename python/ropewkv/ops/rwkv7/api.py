@@ -55,17 +55,25 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
     return resolved
 
 
-def _resolve_algorithm(algorithm) -> str:
-    """The algorithm for `algorithm`: every backend runs both. "auto" is "sequential" everywhere. On the cpu twin the
-    chunked form is faster at every T but 1 (3.2-3.5x fwd+bwd at T = 4096) and a non-finite input reaches exactly the
-    outputs it reaches sequentially, but it is not bit for bit invariant to left padding: a frozen (masked) token
-    shifts the 16-token chunk grid, so the padded row's state differs from the unpadded one's in the last bits
-    (tests/test_wkv7_conventions.py::test_mask_freezes_the_state; benchmarks/NOTES.md, "CPU twin: the chunked form
-    measured at every length"). The Triton and CUDA chunked kernels are untimed on a GPU in their current form."""
+# algorithm="auto" on the cpu twin: the chunked form from this many tokens per sequence (the mean, with cu_seqlens).
+# Measured fwd+bwd on one core at B1 H4 N64: 1.4x the sequential form at T = 8, 1.9x at 16, 3.2-3.5x at 4096, but
+# 0.76x at T = 1, since a sequence's first chunk always runs as 16 rows (benchmarks/NOTES.md, "CPU twin: chunks aligned
+# to each sequence's end").
+CPU_CHUNKED_FROM_TOKENS = 8
+
+
+def _resolve_algorithm(algorithm, backend: str, tokens_per_sequence: float) -> str:
+    """The algorithm for `algorithm`: every backend runs both. "auto" is "chunked" on the cpu twin from
+    CPU_CHUNKED_FROM_TOKENS tokens per sequence, else "sequential". The cpu twin's chunked form is as exact in its
+    own way as the sequential one: a non-finite input reaches exactly the outputs it reaches sequentially, and left
+    padding or the tokens packed before a sequence change nothing bit for bit (its chunks are aligned to each
+    sequence's end); the two forms agree to fp32 rounding, so a padded batch and an unpadded row are bitwise equal
+    when both take the same form (one of them shorter than CPU_CHUNKED_FROM_TOKENS: name the algorithm). On GPUs
+    "auto" stays sequential: the Triton and CUDA chunked kernels are untimed there in their current form."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "auto":
-        return "sequential"
+        return "chunked" if backend == "cpu" and tokens_per_sequence >= CPU_CHUNKED_FROM_TOKENS else "sequential"
     return algorithm
 
 
@@ -176,8 +184,8 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
         algorithm: "auto" | "sequential" | "chunked". "sequential" steps the state token by token; "chunked" runs
             16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu,
             triton and cuda backends (cuda: a chunked forward, fp32 SIMT so far, and the sequential backward, which
-            recomputes from the same checkpoints). "auto" is "sequential" (see _resolve_algorithm: the chunked
-            form is faster on the cpu twin but not bit for bit invariant to left padding). The reference backend is
+            recomputes from the same checkpoints). "auto" is "chunked" on the cpu backend from 8 tokens per
+            sequence (2-3.5x faster there), else "sequential" (see _resolve_algorithm). The reference backend is
             the fp64 oracle whatever the algorithm.
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
@@ -185,10 +193,10 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     gradient comes in w's dtype.
     """
     resolved = _check_inputs((r, w, k, v, a, b), 4, "[B, T, H, N]", backend)
-    algorithm = _resolve_algorithm(algorithm)
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
+    algorithm = _resolve_algorithm(algorithm, resolved, r.shape[0] * r.shape[1] / max(n_seqs, 1))
     _, _, heads, n = r.shape
     if initial_state is not None:
         _check_state(initial_state, "initial_state", (n_seqs, heads, n, n), r, broadcast=True)

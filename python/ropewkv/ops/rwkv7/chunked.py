@@ -2,10 +2,13 @@
 of the C++ ops `ropewkv::wkv7_chunked_forward` / `wkv7_chunked_backward` (CPU twin in _C, from
 csrc/include/ropewkv/wkv7_chunked.h), and the Triton twin (triton_kernels/rwkv7/chunked.py) as opaque custom ops.
 
-Chunks are CHUNK = 16 tokens: in the C++ ops aligned to multiples of 16 in the (packed) time axis, the grid of the
-sequential ops' checkpoints (so the same output shapes and fake kernels); in the Triton twin from each sequence's
-first token, with the recurrent kernel's checkpoint slots. The forward saves the fp32 state before each chunk, the
-backward recomputes one chunk at a time from it. A sequence of any length (T or a cu_seqlens piece not a multiple of 16) simply has shorter first/last chunks.
+Chunks are CHUNK = 16 tokens: in the CPU twin aligned to each sequence's end (its first chunk short, run as 16 rows
+after absent ones, so that left padding and packing change nothing bit for bit), in the CUDA chunked forward to
+multiples of 16 in the (packed) time axis (the grid of the sequential ops' checkpoints, which its backward, the
+sequential kernel, reads), in the Triton twin from each sequence's first token, with the recurrent kernel's
+checkpoint slots; the checkpoint tensors have the sequential ops' shapes, so their fake kernels serve. The forward
+saves the fp32 state before each chunk, the backward recomputes one chunk at a time from it (chunked.md, "Chunks,
+sequences, checkpoints").
 """
 from __future__ import annotations
 
