@@ -124,14 +124,16 @@ def _check_sequence_parallel(rank: int, dtype, slices, with_initial_state: bool)
     grad_y = torch.randn(full[0].shape, dtype=torch.float64, generator=seeded(3)).to(dtype)
     grad_final = torch.randn(2, 2, 32, 32, dtype=torch.float64, generator=seeded(4)).to(s0.dtype if s0 is not None
                                                                                           else torch.float32)
-    y, final = wkv7(*full, initial_state=s0, output_final_state=True, backend="cpu")
+    # The sequential form: its per-token arithmetic makes the sliced run bitwise equal (the chunked form's chunks
+    # would start over in each slice).
+    y, final = wkv7(*full, initial_state=s0, output_final_state=True, backend="cpu", algorithm="sequential")
     expected = torch.autograd.grad((y * grad_y).sum() + (final * grad_final).sum(), full + ([s0] if s0 is not None
                                                                                             else []))
     start, end = sum(slices[:rank]), sum(slices[: rank + 1])
     local = [x.detach()[:, start:end].clone().requires_grad_() for x in full]
     local_s0 = s0.detach().clone().requires_grad_() if s0 is not None and rank == 0 else None
     y_local, final_local = rd.wkv7_sequence_parallel(*local, initial_state=local_s0, output_final_state=True,
-                                                     backend="cpu")
+                                                     backend="cpu", algorithm="sequential")
     # Every rank's loss sees its y; only the last rank's local final state is the sequence's final state.
     loss = (y_local * grad_y[:, start:end]).sum()
     if rank == WORLD - 1:

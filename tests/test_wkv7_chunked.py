@@ -194,28 +194,32 @@ def test_matches_fla_chunk_rwkv7(fla, device, bounds):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_chunked_invariant_to_left_padding_and_packing(dtype):
-    """The cpu twin aligns its chunks to each sequence's end, so neither left padding (frozen tokens) nor the tokens
-    packed before a sequence move its tokens in their chunks: its outputs and final state stay the same bit for bit,
-    as in the sequential form (aligned to the packed time axis, they differed in the last bits)."""
+def test_chunked_invariant_to_left_padding_and_packing(device, dtype):
+    """The cpu and triton twins align their chunks to each sequence's end, so neither left padding (frozen tokens)
+    nor the tokens packed before a sequence move its tokens in their chunks: its outputs and final state stay the same
+    bit for bit, as in the sequential form (with chunks aligned to the packed time axis or to each sequence's start,
+    they differed in the last bits). Not the cuda twin: its chunked forward keeps the grid of the sequential
+    backward's checkpoints (multiples of 16 in the packed time axis)."""
     heads, n = 2, 32
-    for length in (1, 3, 16, 21, 40):
-        for before in (1, 5, 16, 23):
-            x = parity.rwkv7_inputs(1, before + length, heads, n, dtype, "loglog", seeded(length * 100 + before),
-                                    "cpu")
-            s0 = torch.randn(2, heads, n, n, generator=seeded(before))
-            alone = ropewkv.wkv7(*(x[name][:, before:] for name in NAMES), initial_state=s0[1:],
-                                 output_final_state=True, algorithm="chunked", backend="cpu")
-            mask = torch.ones(1, before + length)
-            mask[:, :before] = 0
-            padded = ropewkv.wkv7(*(x[name] for name in NAMES), initial_state=s0[1:], output_final_state=True,
-                                  mask=mask, algorithm="chunked", backend="cpu")
-            packed = ropewkv.wkv7(*(x[name] for name in NAMES), initial_state=s0, output_final_state=True,
-                                  cu_seqlens=torch.tensor([0, before, before + length]), algorithm="chunked",
-                                  backend="cpu")
-            for name, (y, state) in {"padded": padded, "packed": packed}.items():
-                assert torch.equal(y[:, before:], alone[0]), (name, length, before)
-                assert torch.equal(state[-1:], alone[1]), (name, length, before)
+    for backend in (b for b in kernel_backends(device) if b != "cuda"):
+        interpreted = backend == "triton" and device.type == "cpu"
+        for length in (3, 21) if interpreted else (1, 3, 16, 21, 40):
+            for before in (5, 16) if interpreted else (1, 5, 16, 23):
+                x = parity.rwkv7_inputs(1, before + length, heads, n, dtype, "loglog", seeded(length * 100 + before),
+                                        device)
+                s0 = torch.randn(2, heads, n, n, generator=seeded(before)).to(device)
+                alone = ropewkv.wkv7(*(x[name][:, before:] for name in NAMES), initial_state=s0[1:],
+                                     output_final_state=True, algorithm="chunked", backend=backend)
+                mask = torch.ones(1, before + length, device=device)
+                mask[:, :before] = 0
+                padded = ropewkv.wkv7(*(x[name] for name in NAMES), initial_state=s0[1:], output_final_state=True,
+                                      mask=mask, algorithm="chunked", backend=backend)
+                packed = ropewkv.wkv7(*(x[name] for name in NAMES), initial_state=s0, output_final_state=True,
+                                      cu_seqlens=torch.tensor([0, before, before + length], device=device),
+                                      algorithm="chunked", backend=backend)
+                for name, (y, state) in {"padded": padded, "packed": packed}.items():
+                    assert torch.equal(y[:, before:], alone[0]), (backend, name, length, before)
+                    assert torch.equal(state[-1:], alone[1]), (backend, name, length, before)
 
 
 def test_cpu_op_passes_opcheck():

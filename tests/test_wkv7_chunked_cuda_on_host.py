@@ -1,5 +1,7 @@
 """The chunked WKV7 forward CUDA kernel (csrc/wkv7/wkv7_chunked_kernels.cuh) run on the host, against the CPU chunked
-twin (torch.ops.ropewkv.wkv7_chunked_forward on CPU) and the fp64 reference. CUDA cannot run here; this runs the
+twin (torch.ops.ropewkv.wkv7_chunked_forward on CPU: y and the final state), the CPU sequential twin (the checkpoints:
+the CUDA chunked forward keeps the sequential ops' grid, whose checkpoints the sequential backward reads, while the
+CPU chunked twin aligns its chunks to each sequence's end) and the fp64 reference. CUDA cannot run here; this runs the
 kernel's own code: each block's 128 threads as concurrent std::threads with real barriers and warp shuffles
 (tests/data/host_cuda/cuda_block_prelude.h), every block of the grid (sequence x head x value slice), built by
 tests/host_cuda.py with AddressSanitizer/UBSan (an access past a buffer stops the run). Not covered: the device-only
@@ -81,8 +83,10 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
         assert ckpt[~written].isnan().all(), f"{where}: wrote a checkpoint slot no chunk starts in"
 
         args = [x[name] for name in ("r", "w", "k", "v", "a", "b")]
-        twin_y, twin_final, twin_ckpt = torch.ops.ropewkv.wkv7_chunked_forward(
-            *args, s0, cu, _check_decay(decay), precision_code(precision), True)
+        twin_y, twin_final, _ = torch.ops.ropewkv.wkv7_chunked_forward(
+            *args, s0, cu, _check_decay(decay), precision_code(precision), False)
+        _, _, sequential_ckpt = torch.ops.ropewkv.wkv7_forward(*args, s0, cu, _check_decay(decay),
+                                                                precision_code(precision), True)
         ref_y, ref_final = reference_wkv7(*(as_kernel_sees(t, precision) for t in args), initial_state=s0,
                                           output_final_state=True, cu_seqlens=cu, decay=decay, dtype=torch.float64)
         y_dtype = torch.bfloat16 if precision == "bf16" and dtype != torch.bfloat16 else dtype
@@ -91,6 +95,6 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
                 ("y vs cpu twin", y, twin_y, FP32_BOUND + 0.25 * u), ("y vs fp64", y, ref_y, FP32_BOUND + u),
                 ("final state vs cpu twin", final, twin_final, FP32_BOUND),
                 ("final state vs fp64", final, ref_final, FP32_BOUND),
-                ("checkpoints vs cpu twin", ckpt[written], twin_ckpt[written], FP32_BOUND)):
+                ("checkpoints vs cpu sequential twin", ckpt[written], sequential_ckpt[written], FP32_BOUND)):
             err = rel_rms(got, want)
             assert err <= bound, f"{where}: {what} relative RMS {err:.3g} > {bound:.3g}"

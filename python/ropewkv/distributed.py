@@ -144,7 +144,8 @@ class _SendState(torch.autograd.Function):
 def wkv7_sequence_parallel(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                            b: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None,
                            initial_state: Optional[torch.Tensor] = None, output_final_state: bool = False,
-                           decay: str = "loglog", precision: Optional[str] = None, backend: str = "auto"):
+                           decay: str = "loglog", precision: Optional[str] = None, backend: str = "auto",
+                           algorithm: str = "auto"):
     """`ropewkv.wkv7` over a sequence split in time across the ranks of `group` (default: the world).
 
     Args:
@@ -154,13 +155,15 @@ def wkv7_sequence_parallel(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v:
             rank 0 only; the other ranks receive theirs from rank-1.
         output_final_state: also return the state at the end of this rank's slice (on the last rank: the final
             state of the whole sequence). Its cotangent is included in the backward.
-        decay, precision, backend: as for ropewkv.wkv7.
+        decay, precision, backend, algorithm: as for ropewkv.wkv7.
     Returns:
         (y [B, T_local, H, N] in r's dtype, the state at the end of this rank's slice, fp32, or None).
 
     Every rank must call this (and later its backward) in the same order: rank r's forward waits for rank r-1's,
     and its backward for rank r+1's. The backward of rank r runs when its loss depends on y or on the returned
-    state. Equal to one process running wkv7 on the concatenated sequence (fp32 state is handed over exactly).
+    state. Equal to one process running wkv7 on the concatenated sequence (fp32 state is handed over exactly): bit for
+    bit with algorithm="sequential", to fp32 rounding with the chunked form ("auto"'s choice on the cpu backend from 8
+    tokens), whose chunks each slice aligns to its own end.
     """
     from .ops.rwkv7 import wkv7
 
@@ -173,7 +176,7 @@ def wkv7_sequence_parallel(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v:
                                     _backend.compute_dtype(r.dtype), group, rank)
     need_final = output_final_state or rank < world_size - 1
     y, final_state = wkv7(r, w, k, v, a, b, initial_state=state, output_final_state=need_final, decay=decay,
-                          precision=precision, backend=backend)
+                          precision=precision, backend=backend, algorithm=algorithm)
     if rank < world_size - 1:
         y, final_state = _SendState.apply(y, final_state, group, rank)
     return y, (final_state if output_final_state else None)

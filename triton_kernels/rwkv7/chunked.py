@@ -44,8 +44,9 @@ bf16 dots (notes: "silently wrong"), so there the bf16 operands are held in fp32
 numbers a bf16 tensor-core dot produces, up to accumulation order. LOW_PRECISION (the RWKV-LM bf16 mode) also
 rounds the inputs on load and outputs on store.
 
-Sequences and checkpoints as the recurrent kernel: chunks start at each sequence's first token; the checkpoint of
-chunk c of sequence n (ST before it, k-major) is slot cu[n] // L + n + c, and the prep of that chunk is in the
+Sequences and checkpoints: chunks are aligned to each sequence's end (_chunk_rows: the first one short, its first
+rows absent), so that left padding and packing change nothing bit for bit; the checkpoint of chunk c of sequence n
+(ST before it, k-major) is slot cu[n] // L + n + c, as the recurrent kernel's, and the prep of that chunk is in the
 same slot of the prep buffer (its first kernel finds a slot's sequence by binary search over cu_seqlens).
 """
 import torch
@@ -234,6 +235,18 @@ def _slot_program(cu_ptr, T, H, n_seqs, L: tl.constexpr, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _chunk_rows(c, bos, eos, L: tl.constexpr):
+    """Chunk c of the sequence [bos, eos): the token of its first row, and its rows that are tokens ([L, 1]). Chunks
+    are aligned to the sequence's end, the first one short with its first rows absent (zeros, log decay 0), so a
+    token's row depends only on its distance to eos: left padding and the tokens packed before a sequence change its
+    outputs by nothing, bit for bit (as in the CPU twin). No row of a c past the last chunk (a gap slot) is a token."""
+    n_chunks = tl.cdiv(eos - bos, L)
+    first = eos - (n_chunks - c) * L
+    lowest = tl.where(c < n_chunks, bos - first, L)  # rows before it are absent (a gap slot's: all of them)
+    return first, (tl.arange(0, L) >= lowest)[:, None]
+
+
+@triton.jit
 def _prep_rows(prep, i, L: tl.constexpr, N: tl.constexpr):
     """Block i of a chunk's prep: the [L, N] W, R', B^, K^ (i = 0..3, row-major), then E[L][0] [N] (i = 4)."""
     return prep + i * L * N
@@ -258,8 +271,8 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     rows = tl.arange(0, L)
     kk = tl.arange(0, BK)
     HN = H * N
-    row0 = ((bos + c * L) * H + h) * N
-    valid = (rows < eos - bos - c * L)[:, None]
+    first, valid = _chunk_rows(c, bos, eos, L)
+    row0 = (first * H + h) * N
     prep = prep_ptr + program * PREP
     Ab = tl.zeros((L, L), dtype=tl.float32)
     Ak = tl.zeros((L, L), dtype=tl.float32)
@@ -343,8 +356,8 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
     square_at = rows[:, None] * L + rows[None, :]
     slot0 = bos // L + n
     for c in range(0, tl.cdiv(eos - bos, L)):
-        row0 = ((bos + c * L) * H + h) * N + v0
-        valid = (rows < eos - bos - c * L)[:, None]
+        first, valid = _chunk_rows(c, bos, eos, L)
+        row0 = (first * H + h) * N + v0
         prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
         U = _dot(tl.load(_prep_square(prep, 0, L, N) + square_at), v, BF16_DOTS, INTERPRET)
@@ -384,8 +397,8 @@ def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_pt
     n_chunks = tl.cdiv(eos - bos, L)
     for cc in range(0, n_chunks):
         c = n_chunks - 1 - cc
-        row0 = ((bos + c * L) * H + h) * N + v0
-        valid = (rows < eos - bos - c * L)[:, None]
+        first, valid = _chunk_rows(c, bos, eos, L)
+        row0 = (first * H + h) * N + v0
         prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         gck = gck_ptr + ((slot0 + c) * H + h) * N * N + v0 * N
         dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
@@ -428,10 +441,10 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     state_at_i = kk[None, :] * N + kk[:, None]    # + j0 + i0 * N: block (j0, i0) of G^T
     rows_at = rows[:, None] * HN + offs[None, :]
     rows_at_i = rows[:, None] * HN + kk[None, :]  # + i0 (or + j0)
-    row0 = ((bos + c * L) * H + h) * N
     # None valid in a gap slot (past its sequence's last chunk): its checkpoint, G^T and prep were never written, and
     # the program reads them (in bounds) but stores nothing.
-    valid = (rows < eos - bos - c * L)[:, None]
+    first, valid = _chunk_rows(c, bos, eos, L)
+    row0 = (first * H + h) * N
     # The forward's U = W S0^T + M V (as its state pass), and dU, dV from S_L (B^ G^T, K^ G^T).
     prep = prep_ptr + program * PREP
     square_at = rows[:, None] * L + rows[None, :]
