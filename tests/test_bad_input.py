@@ -16,7 +16,7 @@ from ropewkv.ops.rope import apply_rotary_pos_emb, rope
 from ropewkv.ops.rwkv7 import wkv7, wkv7_step
 from ropewkv.reference import rope as rope_ref
 from ropewkv.reference import rwkv7 as rwkv7_ref
-from ropewkv.testing import poisoned_outputs, seeded
+from ropewkv.testing import poisoned_outputs, rms_ratio, seeded
 from ropewkv.testing.rope import rope_input, rope_inv_freq
 from ropewkv.testing.rwkv7 import rwkv7_inputs
 from conftest import kernel_backends
@@ -360,6 +360,24 @@ def test_wkv7_cpu_chunked_nonfinite_reaches_what_it_reaches_sequentially(name, p
     assert torch.equal(y.isfinite(), expected.isfinite()) and torch.equal(final.isfinite(), expected_final.isfinite())
     if bad != bad:
         assert torch.equal(y.isnan(), expected.isnan())
+
+
+@pytest.mark.parametrize("decay, zero", [("loglog", math.inf), ("log", -math.inf)])
+def test_wkv7_chunked_zero_decay_matches_reference(device, decay, zero):
+    """A decay of exactly 0 (log d = -inf) is a valid input that empties the state's column: every chunked twin gives
+    the reference's finite outputs (the Triton kernels' cumulative log sums would give -inf - -inf = NaN without
+    their floor, LOG_D_FLOOR)."""
+    x = rwkv7_inputs(2, 40, 2, 32, decay=decay, generator=seeded(3), device=device)
+    tensors = [x[n].clone() for n in ("r", "w", "k", "v", "a", "b")]
+    tensors[1][1, 19, 0, 5] = zero  # one key column of one token
+    tensors[1][0, 3, 1, :] = zero   # every column: the state restarts from v k^T
+    expected, expected_final = rwkv7_ref.wkv7(*tensors, output_final_state=True, decay=decay)
+    for backend in kernel_backends(device):
+        with poisoned_outputs():
+            y, final = wkv7(*tensors, output_final_state=True, decay=decay, backend=backend, algorithm="chunked")
+        assert y.isfinite().all() and final.isfinite().all(), backend
+        assert rms_ratio(y, expected.to(y.device)) < 2e-6, backend
+        assert rms_ratio(final, expected_final.to(final.device)) < 2e-6, backend
 
 
 def test_wkv7_triton_chunked_nan_stays_in_its_chunk_and_after(device):

@@ -21,7 +21,8 @@ head at N = 64, i.e. 18 and 46 B per element of r.
 
 The masked decay products Ab, Ak, Qb, Qk are sums over broadcasts of exp(c_x - c_y) with the exponent masked to
 -inf outside x >= y (exp gives 0 there), so every decay factor formed is <= 1: no cumulative decay is divided by.
-The chunk's cumulative log decays c come from tl.cumsum of log d over the chunk's rows.
+The chunk's cumulative log decays c come from tl.cumsum of log d over the chunk's rows (log d floored at
+LOG_D_FLOOR, so that a decay of 0 gives products of 0, not -inf - -inf = NaN).
 
 Registers: every product with the state either contracts over k or is indexed by k, and every other k-indexed
 quantity (c, the decays, A~, R~, B^, K^ and the gradients of r, w, k, a, b) is per column k. So each pass over the
@@ -57,6 +58,9 @@ from .recurrent import _log_decay, _rne_bf16, _sequence, launch_grid
 from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
 CHUNK = 16
+# The least log decay the chunk's cumulative sums see: exp(-110) is 0 in fp32 (below half the least subnormal), and
+# fp32 spacing at 110 is 7.6e-6, so decays formed after such a token in its chunk stay within ~1e-5.
+LOG_D_FLOOR = tl.constexpr(-110.0)
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
 # The forward's kernels: the prep (a program per chunk and head) and the state pass (a program per sequence, head and
@@ -147,7 +151,9 @@ def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L: tl.const
     a = _load_rows(a_ptr + row0 + j0, at, valid, LOW_PRECISION)
     b = _load_rows(b_ptr + row0 + j0, at, valid, LOW_PRECISION)
     log_d, dlog = _log_decay(_load_rows(w_ptr + row0 + j0, at, valid, LOW_PRECISION), DECAY)
-    logd = tl.where(valid, log_d, 0.0)
+    # A decay of 0 (log d = -inf: "loglog" w = +inf, "log" w = -inf) would make the cumulative sums' differences
+    # -inf - -inf = NaN; at LOG_D_FLOOR every product over it is still exactly 0 (exp underflows), and NaN stays NaN.
+    logd = tl.where(valid, tl.where(log_d < LOG_D_FLOOR, LOG_D_FLOOR, log_d), 0.0)
     ca = tl.cumsum(logd, axis=0)   # c[l + 1]
     cb = ca - logd                 # c[l]
     clast = tl.sum(logd, axis=0)   # c[len]
