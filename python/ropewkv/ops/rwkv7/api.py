@@ -56,9 +56,9 @@ def _check_inputs(tensors, dims: int, layout: str, backend: str) -> str:
 
 
 # algorithm="auto" on the cpu twin: the chunked form from this many tokens per sequence (the mean, with cu_seqlens).
-# Measured fwd+bwd on one core at B1 H4 N64: 1.4x the sequential form at T = 8, 1.9x at 16, 3.2-3.5x at 4096, but
-# 0.76x at T = 1, since a sequence's first chunk always runs as 16 rows (benchmarks/NOTES.md, "CPU twin: chunks aligned
-# to each sequence's end").
+# Measured fwd+bwd on one core at B1 H4 N64 (two runs): 1.3-1.4x the sequential form at T = 8, 1.9-2.1x at 16,
+# 3.3-4.4x at 4096, but 0.73-0.76x at T = 1, since a sequence's first chunk always runs as 16 rows
+# (benchmarks/NOTES.md, "CPU twin: chunks aligned to each sequence's end").
 CPU_CHUNKED_FROM_TOKENS = 8
 
 
@@ -185,7 +185,7 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
             16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu,
             triton and cuda backends (cuda: a chunked forward, fp32 SIMT so far, and the sequential backward, which
             recomputes from the same checkpoints). "auto" is "chunked" on the cpu backend from 8 tokens per
-            sequence (2-3.5x faster there), else "sequential" (see _resolve_algorithm). The reference backend is
+            sequence (1.3-4x faster there), else "sequential" (see _resolve_algorithm). The reference backend is
             the fp64 oracle whatever the algorithm.
     Returns:
         (y [B, T, H, N] in r's dtype, final_state fp32 [B or n_seqs, H, N, N] S[v][k] or None).
