@@ -241,15 +241,16 @@ def _slot_program(cu_ptr, T, H, n_seqs, L: tl.constexpr, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_rows(c, bos, eos, L: tl.constexpr):
-    """Chunk c of the sequence [bos, eos): the token of its first row, and its rows that are tokens ([L, 1]). Chunks
+def _chunk_rows(c, bos, eos, h, H, N: tl.constexpr, L: tl.constexpr):
+    """Chunk c of the sequence [bos, eos), head h: the element offset of its first row in a [B, T, H, N] tensor (that
+    row's token may precede bos), and its rows that are tokens ([L, 1]). Chunks
     are aligned to the sequence's end, the first one short with its first rows absent (zeros, log decay 0), so a
     token's row depends only on its distance to eos: left padding and the tokens packed before a sequence change its
     outputs by nothing, bit for bit (as in the CPU twin). No row of a c past the last chunk (a gap slot) is a token."""
     n_chunks = tl.cdiv(eos - bos, L)
     first = eos - (n_chunks - c) * L
     lowest = tl.where(c < n_chunks, bos - first, L)  # rows before it are absent (a gap slot's: all of them)
-    return first, (tl.arange(0, L) >= lowest)[:, None]
+    return (first * H + h) * N, (tl.arange(0, L) >= lowest)[:, None]
 
 
 @triton.jit
@@ -277,8 +278,7 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     rows = tl.arange(0, L)
     kk = tl.arange(0, BK)
     HN = H * N
-    first, valid = _chunk_rows(c, bos, eos, L)
-    row0 = (first * H + h) * N
+    row0, valid = _chunk_rows(c, bos, eos, h, H, N, L)
     prep = prep_ptr + program * PREP
     Ab = tl.zeros((L, L), dtype=tl.float32)
     Ak = tl.zeros((L, L), dtype=tl.float32)
@@ -362,8 +362,8 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
     square_at = rows[:, None] * L + rows[None, :]
     slot0 = bos // L + n
     for c in range(0, tl.cdiv(eos - bos, L)):
-        first, valid = _chunk_rows(c, bos, eos, L)
-        row0 = (first * H + h) * N + v0
+        row0, valid = _chunk_rows(c, bos, eos, h, H, N, L)
+        row0 += v0
         prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
         U = _dot(tl.load(_prep_square(prep, 0, L, N) + square_at), v, BF16_DOTS, INTERPRET)
@@ -403,8 +403,8 @@ def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_pt
     n_chunks = tl.cdiv(eos - bos, L)
     for cc in range(0, n_chunks):
         c = n_chunks - 1 - cc
-        first, valid = _chunk_rows(c, bos, eos, L)
-        row0 = (first * H + h) * N + v0
+        row0, valid = _chunk_rows(c, bos, eos, h, H, N, L)
+        row0 += v0
         prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         gck = gck_ptr + ((slot0 + c) * H + h) * N * N + v0 * N
         dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
@@ -449,8 +449,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     rows_at_i = rows[:, None] * HN + kk[None, :]  # + i0 (or + j0)
     # None valid in a gap slot (past its sequence's last chunk): its checkpoint, G^T and prep were never written, and
     # the program reads them (in bounds) but stores nothing.
-    first, valid = _chunk_rows(c, bos, eos, L)
-    row0 = (first * H + h) * N
+    row0, valid = _chunk_rows(c, bos, eos, h, H, N, L)
     # The forward's U = W S0^T + M V (as its state pass), and dU, dV from S_L (B^ G^T, K^ G^T).
     prep = prep_ptr + program * PREP
     square_at = rows[:, None] * L + rows[None, :]
