@@ -158,7 +158,7 @@ def _wkv7(backward: bool, heads: int, n: int, constants: dict, cuda: bool = True
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
                     b * heads, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
                     # Triton's recompute stores the state before each of the sub-chunk's tokens (1 per token), and
-                    # its adjoint recomputes S_t from S_{t-1} instead of keeping it.
+                    # its adjoint works from S_{t-1} alone (the state before the token) instead of keeping S_t.
                     triton_token_loops=((1, recompute(recurrent.sub_chunk(n)) - 1), (0, 1)) if backward else (),
                     triton_blocks=b * heads * row_blocks,
                     triton_scratch_per_block=recurrent.sub_chunk(n) * rows * n * 4 if backward else 0,  # k states' rows

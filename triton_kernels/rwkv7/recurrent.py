@@ -187,16 +187,17 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
 
 @triton.jit
 def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
-                     dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, ds0_ptr, partial_ptr, numel, T, H,
+                     dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, partial_ptr, numel, T, H,
                      N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
                      DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr, HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
     """With ROWS < N the gradients of r, w, k, a and b are sums over every row of the state: each program stores its
     rows' fp32 sums in partial_ptr [N // ROWS, 5, B*T*H*N] (dw's without its d * dlog factor) for
-    _combine_key_grads_kernel, in a fixed order. dv and the state gradient are the program's own rows."""
+    _combine_key_grads_kernel, in a fixed order. dv and the state gradient are the program's own rows; the state
+    gradient goes to the scratch's first state, whose addresses the token loops hold anyway (holding its own 64-bit
+    addresses across the loops spilled them at N = 128), and the launcher copies it out."""
     n, h, bos, eos, row_block, rows, cols, mat = _program(cu_ptr, T, H, N, ROWS, VARLEN)
-    state_at = (n * H + h) * N * N + mat
     # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
-    dS = _load_state(gsT_ptr, state_at, HAS_GST)
+    dS = _load_state(gsT_ptr, (n * H + h) * N * N + mat, HAS_GST)
     scratch = scratch_ptr + (n * H + h) * SUB * N * N + mat
     numel = numel.to(tl.int64)  # 5 * numel can pass 2^31
     partial = partial_ptr + row_block * 5 * numel
@@ -225,14 +226,16 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             token = (t * H + h) * N
             at_rows = token + rows
             at_cols = token + cols
-            S, sa, d, dlog, k, v, a, b = _token(prev, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+            _, sa, d, dlog, k, v, a, b = _token(prev, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
                                                 LOW_PRECISION)
             r = _load_in(r_ptr, at_cols, LOW_PRECISION)
             gy = tl.load(gy_ptr + at_rows).to(tl.float32)
             dS += gy[:, None] * r[None, :]
             dsa = tl.sum(dS * b[None, :], axis=1)
             _store_out(dv_ptr, at_rows, tl.sum(dS * k[None, :], axis=1), LOW_PRECISION)
-            dr = tl.sum(S * gy[:, None], axis=0)
+            # S_t^T gy from S_{t-1} (S_t = S_{t-1} diag(d) + sa b^T + v k^T): S_t is never formed, so two N x N
+            # blocks are live instead of three (N = 128 held three at 255 registers and spilled).
+            dr = d * tl.sum(prev * gy[:, None], axis=0) + b * tl.sum(sa * gy) + k * tl.sum(v * gy)
             dk = tl.sum(dS * v[:, None], axis=0)
             db = tl.sum(dS * sa[:, None], axis=0)
             da = tl.sum(prev * dsa[:, None], axis=0)
@@ -252,7 +255,7 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             dS = dS * d[None, :] + dsa[:, None] * a[None, :]
         # The next sub-chunk's recompute overwrites the scratch rows read above.
         tl.debug_barrier()
-    tl.store(ds0_ptr + state_at, dS)
+    tl.store(scratch, dS)
 
 
 @triton.jit
@@ -314,9 +317,10 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     partial = r.new_empty((row_blocks, 5, numel), dtype=torch.float32) if row_blocks > 1 else grad_initial
     _wkv7_bwd_kernel[launch_grid(n_seqs, heads, row_blocks)](
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
-        grad_initial if grad_final is None else grad_final, scratch, *grads, grad_initial, partial, numel, seqlen,
+        grad_initial if grad_final is None else grad_final, scratch, *grads, partial, numel, seqlen,
         heads, N=n, ROWS=rows, CHUNK=CHUNK, SUB=sub_chunk(n), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
         HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None, num_warps=warps)
+    grad_initial.copy_(scratch[:, :, 0])
     if row_blocks > 1 and numel > 0:
         dr, dw, dk, _, da, db = grads
         _combine_key_grads_kernel[(triton.cdiv(numel, COMBINE_BLOCK),)](
