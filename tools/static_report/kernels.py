@@ -193,19 +193,26 @@ TRITON = {
     # N = 32 (8 warps) and 128 backward: spill-free since tritonbwd, guarded here.
     "wkv7 chunked bwd N32 bf16": TritonCase(lambda: wkv7_chunked_launches(32, 64, backward=True), kernel=2),
     "wkv7 chunked bwd N128 bf16": TritonCase(lambda: wkv7_chunked_launches(128, 32, backward=True), kernel=2),
-    # precision="bf16": the split bf16 tensor-core products (the backward's compile takes minutes: left out; the
-    # forward's prep has none).
+    # precision="bf16": the split bf16 tensor-core products (the preps have none).
     "wkv7 chunked fwd state N64 bf16-dots": TritonCase(lambda: wkv7_chunked_launches(64, 64, low_precision=True),
                                                        kernel=1),
+    "wkv7 chunked bwd state N64 bf16-dots": TritonCase(
+        lambda: wkv7_chunked_launches(64, 64, backward=True, low_precision=True), kernel=1),
+    "wkv7 chunked bwd N64 bf16-dots": TritonCase(
+        lambda: wkv7_chunked_launches(64, 64, backward=True, low_precision=True), kernel=2),
     "log_decay fwd bf16": TritonCase(lambda: _log_decay(False)),
     "log_decay bwd bf16": TritonCase(lambda: _log_decay(True)),
 }
 
 
-# Kernels allowed to spill, with the reason (the spill check skips them; the report still lists their spills): none.
+# Kernels allowed to spill, with the reason (the spill check skips them; the report still lists their spills).
 # (The CUDA WKV7 N=64 backwards were here, 320-370 B at the 255-register cap, until the backward's shared-memory
 # column dots were unrolled by 16 instead of fully.)
-SPILL_ALLOWED: dict = {}
+SPILL_ALLOWED: dict = {
+    "wkv7 chunked bwd N64 bf16-dots": "48-60 B at N = 32/64/128 (Triton 3.7.1; 3.6.0 60-72 B), none in its innermost "
+                                      "loops: the split products' MMA-layout results converted for the k slice's "
+                                      "elementwise cotangents at the 255-register cap (benchmarks/NOTES.md)",
+}
 
 
 def triton_kernel(name: str) -> Kernel:

@@ -84,14 +84,21 @@ def _bf16_dot(x, y, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _dot(x, y, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr):
+def _dot(x, y, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, X_BF16: tl.constexpr = False,
+         Y_BF16: tl.constexpr = False):
     """x @ y for fp32 x, y. BF16_DOTS: as three bf16 tensor-core products of the split x = x_hi + x_lo (x_hi = x
     rounded to bf16, x_lo = the rest rounded to bf16), x_hi y_hi + x_lo y_hi + x_hi y_lo, fp32 accumulate: each
     operand keeps ~16 significant bits (the dropped x_lo y_lo is 2^-16 relative), where one bf16 product would
-    round both operands to 8 bits (2^-9 each, measured 2-4e-3 RMS on y and the gradients beyond the I/O rounding)."""
+    round both operands to 8 bits (2^-9 each, measured 2-4e-3 RMS on y and the gradients beyond the I/O rounding).
+    X_BF16 / Y_BF16: that operand is bf16-exact (v, rounded on load in the bf16 mode), so its lo part is zero and
+    its product is skipped: the same sum, one tensor-core product and the split's registers fewer."""
     if BF16_DOTS:
         x_hi = _rne_bf16(x)
         y_hi = _rne_bf16(y)
+        if X_BF16:
+            return _bf16_dot(x, y_hi, INTERPRET) + _bf16_dot(x, _rne_bf16(y - y_hi), INTERPRET)
+        if Y_BF16:
+            return _bf16_dot(x_hi, y, INTERPRET) + _bf16_dot(_rne_bf16(x - x_hi), y, INTERPRET)
         x_lo = _rne_bf16(x - x_hi)
         y_lo = _rne_bf16(y - y_hi)
         return _bf16_dot(x_hi, y_hi, INTERPRET) + (_bf16_dot(x_lo, y_hi, INTERPRET) + _bf16_dot(x_hi, y_lo, INTERPRET))
@@ -313,7 +320,7 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
 
 @triton.jit
 def _step_state_block(state, state_at, prep, first, x, second, y, N: tl.constexpr, L: tl.constexpr,
-                      BK: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr):
+                      BK: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, Y_BF16: tl.constexpr):
     """state <- diag(E[L][0]) state + P_first^T x + P_second^T y, for an [N, BV] block of a state (or of its
     cotangent) held at state + state_at (+ j0 per [BK, BV] slice), P_i the prep's [L, N] rows i: the forward's update
     (B^ with U, K^ with V) and the backward's cotangent step (W with Z, R' with dY). Barriers: every thread has read
@@ -324,7 +331,8 @@ def _step_state_block(state, state_at, prep, first, x, second, y, N: tl.constexp
         block = tl.load(state + j0 + state_at)
         block = (tl.load(_prep_rows(prep, 4, L, N) + j0 + kk)[:, None] * block
                  + _dot(tl.trans(tl.load(_prep_rows(prep, first, L, N) + j0 + slice_at)), x, BF16_DOTS, INTERPRET)
-                 + _dot(tl.trans(tl.load(_prep_rows(prep, second, L, N) + j0 + slice_at)), y, BF16_DOTS, INTERPRET))
+                 + _dot(tl.trans(tl.load(_prep_rows(prep, second, L, N) + j0 + slice_at)), y, BF16_DOTS, INTERPRET,
+                        Y_BF16=Y_BF16))
         tl.debug_barrier()
         tl.store(state + j0 + state_at, block)
     tl.debug_barrier()
@@ -366,8 +374,8 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
         row0 += v0
         prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         v = _load_rows(v_ptr + row0, rows_at, valid, LOW_PRECISION)
-        U = _dot(tl.load(_prep_square(prep, 0, L, N) + square_at), v, BF16_DOTS, INTERPRET)
-        Y = _dot(tl.load(_prep_square(prep, 1, L, N) + square_at), v, BF16_DOTS, INTERPRET)
+        U = _dot(tl.load(_prep_square(prep, 0, L, N) + square_at), v, BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
+        Y = _dot(tl.load(_prep_square(prep, 1, L, N) + square_at), v, BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
         for j0 in range(0, N, BK):
             ST = tl.load(sT + j0 + state_at)
             if SAVE:
@@ -376,7 +384,7 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
             Y += _dot(tl.load(_prep_rows(prep, 1, L, N) + j0 + slice_at), ST, BF16_DOTS, INTERPRET)
         _store_rows(y_ptr + row0, rows_at, Y, LOW_PRECISION, valid)
         # ST <- diag(E[L][0]) ST + B^^T U + K^^T V.
-        _step_state_block(sT, state_at, prep, 2, U, 3, v, N, L, BK, BF16_DOTS, INTERPRET)
+        _step_state_block(sT, state_at, prep, 2, U, 3, v, N, L, BK, BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
 
 
 @triton.jit
@@ -414,7 +422,7 @@ def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_pt
             tl.store(gck + j0 + state_at, GT)
             Z += _dot(tl.load(_prep_rows(prep, 2, L, N) + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
         # G^T <- diag(E[L][0]) G^T + W^T Z + R'^T dY.
-        _step_state_block(gT, state_at, prep, 0, Z, 1, dy, N, L, BK, BF16_DOTS, INTERPRET)
+        _step_state_block(gT, state_at, prep, 0, Z, 1, dy, N, L, BK, BF16_DOTS, INTERPRET, Y_BF16=False)
 
 
 @triton.jit
@@ -454,7 +462,8 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     prep = prep_ptr + program * PREP
     square_at = rows[:, None] * L + rows[None, :]
     U = _dot(tl.load(_prep_square(prep, 0, L, N) + square_at), _load_rows(v_ptr + row0, rows_at, valid,
-                                                                           LOW_PRECISION), BF16_DOTS, INTERPRET)
+                                                                           LOW_PRECISION), BF16_DOTS, INTERPRET,
+             Y_BF16=LOW_PRECISION)
     dU = tl.zeros((L, N), dtype=tl.float32)
     dV = tl.zeros((L, N), dtype=tl.float32)
     # The pipelining depths and disable_licm here and below: no spills at N = 64 with Triton 3.6 and 3.7 (the
@@ -492,9 +501,9 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         U_i = tl.load(scratch + i0 + slice_at)
         dX_i = tl.load(scratch + L * N + i0 + slice_at)
         dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
-        dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+        dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
         dAb += _dot(dX_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
-        dAk += _dot(dX_i, tl.trans(v_i), BF16_DOTS, INTERPRET)
+        dAk += _dot(dX_i, tl.trans(v_i), BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
     dQb = tl.where(incl, dQb, 0.0)
     dQk = tl.where(incl, dQk, 0.0)
     dAb = tl.where(strict, dAb, 0.0)
@@ -525,7 +534,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET)
             dAt += _dot(tl.load(scratch + L * N + i0 + slice_at), S0_i, BF16_DOTS, INTERPRET)
             dBh += _dot(tl.load(scratch + i0 + slice_at), G_i, BF16_DOTS, INTERPRET)
-            dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET)
+            dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION)
         ST0 = tl.load(ckpt + j0 * N + ckpt_at)
         GT = tl.load(grad + j0 + state_at)
         dclast = e_all * tl.sum(ST0 * GT, axis=1)
