@@ -189,6 +189,7 @@ TRITON = {
     "wkv7 chunked fwd state N128 bf16": TritonCase(lambda: wkv7_chunked_launches(128, 32), kernel=1),
     # The chunked backward's launches: the prep (as the forward's), the state cotangent in reverse, the gradients.
     "wkv7 chunked bwd state N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True), kernel=1),
+    "wkv7 chunked bwd state N128 bf16": TritonCase(lambda: wkv7_chunked_launches(128, 32, backward=True), kernel=1),
     "wkv7 chunked bwd N64 bf16": TritonCase(lambda: wkv7_chunked_launches(64, 64, backward=True), kernel=2),
     # N = 32 (8 warps) and 128 backward: spill-free since tritonbwd, guarded here.
     "wkv7 chunked bwd N32 bf16": TritonCase(lambda: wkv7_chunked_launches(32, 64, backward=True), kernel=2),

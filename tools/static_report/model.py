@@ -182,8 +182,8 @@ def _wkv7_chunked(heads: int, n: int, constants: dict) -> Workload:
 
 def _wkv7_chunked_triton(heads: int, n: int) -> list:
     """The chunked Triton kernels (triton_kernels/rwkv7/chunked.py), one workload per launch: forward prep and state
-    pass, and at N = 64 the backward's state cotangent pass and gradients (its prep is the forward's, with four more
-    L x L blocks stored). The bytes between launches are the module's own buffer sizes."""
+    pass, the backward's state cotangent pass and gradients (its prep is the forward's, with four more L x L blocks
+    stored). The bytes between launches are the module's own buffer sizes."""
     from ropewkv.triton_kernels.rwkv7 import chunked
 
     b, t, length = 8, 4096, chunked.CHUNK
@@ -202,12 +202,11 @@ def _wkv7_chunked_triton(heads: int, n: int) -> list:
                       triton=(f"wkv7 chunked fwd prep N{n} bf16",), **per_chunk),
              Workload(f"WKV7 chunked fwd state pass {title}", read=prep + tensor, written=tensor + checkpoints + state,
                       triton=(f"wkv7 chunked fwd state N{n} bf16",), **in_order)]
-    if n == 64:
-        found += [Workload(f"WKV7 chunked bwd state pass {title}", read=prep_bwd + tensor, written=checkpoints + state,
-                           triton=(f"wkv7 chunked bwd state N{n} bf16",), **in_order),
-                  # r w k v a b dy, the checkpoints, the state cotangents and the prep in; six gradients out.
-                  Workload(f"WKV7 chunked bwd gradients {title}", read=7 * tensor + 2 * checkpoints + prep_bwd,
-                           written=6 * tensor, triton=(f"wkv7 chunked bwd N{n} bf16",), **per_chunk)]
+    found += [Workload(f"WKV7 chunked bwd state pass {title}", read=prep_bwd + tensor, written=checkpoints + state,
+                       triton=(f"wkv7 chunked bwd state N{n} bf16",), **in_order),
+              # r w k v a b dy, the checkpoints, the state cotangents and the prep in; six gradients out.
+              Workload(f"WKV7 chunked bwd gradients {title}", read=7 * tensor + 2 * checkpoints + prep_bwd,
+                       written=6 * tensor, triton=(f"wkv7 chunked bwd N{n} bf16",), **per_chunk)]
     return found
 
 
