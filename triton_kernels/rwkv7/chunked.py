@@ -93,12 +93,13 @@ def _dot(x, y, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, X_BF16: tl.cons
     X_BF16 / Y_BF16: that operand is bf16-exact (v, rounded on load in the bf16 mode), so its lo part is zero and
     its product is skipped: the same sum, one tensor-core product and the split's registers fewer."""
     if BF16_DOTS:
-        x_hi = _rne_bf16(x)
-        y_hi = _rne_bf16(y)
         if X_BF16:
+            y_hi = _rne_bf16(y)
             return _bf16_dot(x, y_hi, INTERPRET) + _bf16_dot(x, _rne_bf16(y - y_hi), INTERPRET)
+        x_hi = _rne_bf16(x)
         if Y_BF16:
             return _bf16_dot(x_hi, y, INTERPRET) + _bf16_dot(_rne_bf16(x - x_hi), y, INTERPRET)
+        y_hi = _rne_bf16(y)
         x_lo = _rne_bf16(x - x_hi)
         y_lo = _rne_bf16(y - y_hi)
         return _bf16_dot(x_hi, y_hi, INTERPRET) + (_bf16_dot(x_lo, y_hi, INTERPRET) + _bf16_dot(x_hi, y_lo, INTERPRET))
