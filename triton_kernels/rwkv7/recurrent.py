@@ -151,17 +151,25 @@ def _load_state(ptr, offsets, GIVEN: tl.constexpr):
 
 
 @triton.jit
-def _token(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr,
-           LOW_PRECISION: tl.constexpr):
-    """One step of the recurrence from the row block S of S_{t-1}: returns S_t's rows and what the adjoint needs (sa,
-    d, dlog, k, v, a, b). at_rows / at_cols: the token's [B, T, H, N] offsets of the block's rows / of every key."""
+def _token_inputs(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr,
+                  LOW_PRECISION: tl.constexpr):
+    """A token's inputs and sa = S a for the row block S of S_{t-1}: (sa, d, dlog, k, v, a, b), what the adjoint
+    needs. at_rows / at_cols: the token's [B, T, H, N] offsets of the block's rows / of every key."""
     d, dlog = _decay(_load_in(w_ptr, at_cols, LOW_PRECISION), DECAY)
     k = _load_in(k_ptr, at_cols, LOW_PRECISION)
     v = _load_in(v_ptr, at_rows, LOW_PRECISION)
     a = _load_in(a_ptr, at_cols, LOW_PRECISION)
     b = _load_in(b_ptr, at_cols, LOW_PRECISION)
-    sa = tl.sum(S * a[None, :], axis=1)
-    return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :], sa, d, dlog, k, v, a, b
+    return tl.sum(S * a[None, :], axis=1), d, dlog, k, v, a, b
+
+
+@triton.jit
+def _token(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr,
+           LOW_PRECISION: tl.constexpr):
+    """One step of the recurrence from the row block S of S_{t-1}: S_t's rows."""
+    sa, d, _, k, v, _, b = _token_inputs(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+                                         LOW_PRECISION)
+    return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
 
 
 @triton.jit
@@ -178,8 +186,7 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
             tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat, S)
         for t in range(t0, tl.minimum(t0 + CHUNK, eos)):
             token = (t * H + h) * N
-            S, _, _, _, _, _, _, _ = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
-                                            LOW_PRECISION)
+            S = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
             y = tl.sum(S * _load_in(r_ptr, token + cols, LOW_PRECISION)[None, :], axis=1)
             _store_out(y_ptr, token + rows, y, LOW_PRECISION)
     tl.store(sT_ptr + state_at, S)
@@ -217,8 +224,7 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             if t >= s0:
                 tl.store(scratch + (t - s0) * N * N, S)
             token = (t * H + h) * N
-            S, _, _, _, _, _, _, _ = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
-                                            LOW_PRECISION)
+            S = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
         tl.debug_barrier()
         for tt in range(0, s1 - s0):
             t = s1 - 1 - tt
@@ -226,8 +232,8 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             token = (t * H + h) * N
             at_rows = token + rows
             at_cols = token + cols
-            _, sa, d, dlog, k, v, a, b = _token(prev, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
-                                                LOW_PRECISION)
+            sa, d, dlog, k, v, a, b = _token_inputs(prev, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
+                                                    LOW_PRECISION)
             r = _load_in(r_ptr, at_cols, LOW_PRECISION)
             gy = tl.load(gy_ptr + at_rows).to(tl.float32)
             dS += gy[:, None] * r[None, :]
