@@ -380,19 +380,21 @@ def test_wkv7_chunked_zero_decay_matches_reference(device, decay, zero):
         assert rms_ratio(final, expected_final.to(final.device)) < 2e-6, backend
 
 
-def test_wkv7_triton_chunked_nan_stays_in_its_chunk_and_after(device):
-    """The Triton chunked kernels' dots run over all 16 rows of a chunk, multiplying the zeros above their diagonal
-    by every token, so a NaN input also reaches the earlier tokens of its chunk, but never an earlier chunk, another
-    head or another sequence."""
-    if "triton" not in kernel_backends(device):
-        pytest.skip(f"the triton backend cannot run on {device.type} here")
+@pytest.mark.parametrize("backend, precision, chunk_start", [("triton", None, 8), ("cuda", "bf16", 16)])
+def test_wkv7_chunked_nan_stays_in_its_chunk_and_after(device, backend, precision, chunk_start):
+    """The chunked kernels whose in-chunk products are whole 16-row tiles (the Triton twin's dots; the CUDA forward's
+    mma in precision="bf16") multiply the zeros above their diagonal by every token, so a NaN input also reaches the
+    earlier tokens of its chunk (Triton's chunks are aligned to each sequence's end: tokens 8..23; CUDA's to multiples
+    of 16: 16..31), but never an earlier chunk, another head or another sequence."""
+    if backend not in kernel_backends(device):
+        pytest.skip(f"the {backend} backend cannot run on {device.type} here")
     x = rwkv7_inputs(2, 40, 2, 32, device=device)
     tensors = [x[n] for n in ("r", "w", "k", "v", "a", "b")]
-    tensors[3][1, 19, 0, 5] = math.nan  # v of batch 1, token 19 (chunks end-aligned: 0..7, 8..23, 24..39), head 0
+    tensors[3][1, 19, 0, 5] = math.nan  # v of batch 1, token 19, head 0
     expected, expected_final = rwkv7_ref.wkv7(*tensors, output_final_state=True)
     expected = expected.isnan().to(device)
     allowed = expected.clone()
-    allowed[1, 8:19, 0] = True  # the poisoned chunk's earlier tokens, that head
-    y, final = wkv7(*tensors, output_final_state=True, backend="triton", algorithm="chunked")
+    allowed[1, chunk_start:19, 0] = True  # the poisoned chunk's earlier tokens, that head
+    y, final = wkv7(*tensors, output_final_state=True, backend=backend, algorithm="chunked", precision=precision)
     assert (y.isnan() >= expected).all() and (y.isnan() <= allowed).all() and (y.isnan() > expected).any()
     assert torch.equal(final.isnan(), expected_final.isnan().to(final.device))

@@ -171,6 +171,19 @@ def test_fp32_chunked_wkv7_products_never_use_tensor_cores():
 
 
 @needs_nvcc
+def test_cuda_chunked_wkv7_uses_tensor_cores_in_the_bf16_mode_only():
+    """The CUDA chunked forward's precision="bf16" instantiations run the v-dependent products as mma.sync (HMMA),
+    those of precision="fp32" as fp32 FMAs (no tensor-core instruction at all), for every I/O type, at the head sizes
+    whose value slices differ from the whole head (N = 32: two of the four warps idle; N = 128: two slices)."""
+    for n in (32, 128):
+        found = kernels.cuda_kernels(ROOT, f"csrc/wkv7/wkv7_chunked_n{n}.cu")
+        modes = {mode: [k for k in found if k.name.endswith(f"{mode}>")] for mode in ("kFP32", "kBF16")}
+        assert len(modes["kFP32"]) == len(modes["kBF16"]) == 5, [k.name for k in found]  # I/O x w storage
+        assert all(k.tensor_core == 0 for k in modes["kFP32"]), n
+        assert all(k.tensor_core > 0 and k.spill_stores == 0 for k in modes["kBF16"]), n
+
+
+@needs_nvcc
 def test_device_conversions_are_single_instructions():
     """On the device, precision.h rounds fp32 to bf16 / fp16 and widens fp16 with one hardware conversion each (the
     host's integer versions cost 6-15 instructions apiece): precision="bf16"'s arithmetic, rounded after every

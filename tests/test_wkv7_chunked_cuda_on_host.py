@@ -23,6 +23,12 @@ the unit roundoff; measured against fp64 1.7e-3 bf16, 2.1e-4 fp16): bound 1.0 u 
 same fp32 value, so most of its elements agree exactly and a few differ by an ulp, each flip ~1e-5 of these small
 tensors' norm (measured 1e-9 .. 2e-5): bound 0.25 u on top (1e-3 bf16, 1.2e-4 fp16), which a wrong decay or a
 missing term exceeds by orders of magnitude.
+
+precision="bf16" runs the kernel's tensor-core form (MmaSlice): on the host each mma.sync is formed from the same
+register fragments through warp shuffles (ropewkv/mma_bf16.cuh), so the fragments' layout as the kernel builds them is
+what is checked here; whether the layout is the hardware's is checked on a GPU (the CUDA parity rows). Its split
+products add up to SPLIT_PRODUCT_RMS (2^-16) to the fp32 bound (measured: states 2.0e-6 .. 2.6e-6 against the CPU twin
+where fp32 math gives ~1.5e-7); products that drop their lo halves (one bf16 product each) give 2.9e-4 .. 5.4e-4.
 """
 import math
 import os
@@ -38,6 +44,7 @@ from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, as_kernel_se
 from ropewkv._backend import precision_code
 from ropewkv.ops.rwkv7.api import _check_decay
 from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
+from ropewkv.testing.rwkv7 import SPLIT_PRODUCT_RMS
 
 FP32_BOUND = 2e-6
 
@@ -91,10 +98,10 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
                                           output_final_state=True, cu_seqlens=cu, decay=decay, dtype=torch.float64)
         y_dtype = torch.bfloat16 if precision == "bf16" and dtype != torch.bfloat16 else dtype
         u = max(UNIT_ROUNDOFF[dtype], UNIT_ROUNDOFF[y_dtype])
+        fp32 = FP32_BOUND + (SPLIT_PRODUCT_RMS if precision == "bf16" else 0)  # the bf16 mode's tensor-core products
         for what, got, want, bound in (
-                ("y vs cpu twin", y, twin_y, FP32_BOUND + 0.25 * u), ("y vs fp64", y, ref_y, FP32_BOUND + u),
-                ("final state vs cpu twin", final, twin_final, FP32_BOUND),
-                ("final state vs fp64", final, ref_final, FP32_BOUND),
-                ("checkpoints vs cpu sequential twin", ckpt[written], sequential_ckpt[written], FP32_BOUND)):
+                ("y vs cpu twin", y, twin_y, fp32 + 0.25 * u), ("y vs fp64", y, ref_y, fp32 + u),
+                ("final state vs cpu twin", final, twin_final, fp32), ("final state vs fp64", final, ref_final, fp32),
+                ("checkpoints vs cpu sequential twin", ckpt[written], sequential_ckpt[written], fp32)):
             err = rel_rms(got, want)
             assert err <= bound, f"{where}: {what} relative RMS {err:.3g} > {bound:.3g}"

@@ -13,11 +13,20 @@
 // axis, a sequence's first and last chunk shorter (its rows past the chunk are zero, with decay 1, so every product
 // runs over the full 16 rows and the padding adds nothing). Math in fp32 whatever the I/O type; outputs rounded once.
 //
+// The v-dependent products run in one of two forms, by precision mode:
+// - precision="fp32": fp32 FMAs (SimtSlice), a thread per (value row, segment of k), the substitution in place.
+// - precision="bf16": bf16 tensor cores (MmaSlice, ropewkv/mma_bf16.cuh), a warp per 16 value rows, the state slice
+//   held in mma accumulator fragments, every product with an fp32 operand split into hi/lo bf16 halves (three
+//   products; two where v, exact in bf16 in this mode, is the other operand), as the Triton twin's bf16 mode. The
+//   substitution becomes a product with T = (I - Ab)^{-1}, formed per chunk in fp32 by forward substitution.
+//
 // Decays inside a chunk are running products of the per-token decays, as in the CPU twin (E[x][y] = d_{y+1} ... d_x,
 // one multiply per step over exactly that range): never a division, never an exp of a cumulative sum. The decays
 // themselves go through expf (wkv7::decay_of), not __expf.
 #include <cstdint>
+#include <type_traits>
 
+#include "ropewkv/mma_bf16.cuh"
 #include "ropewkv/precision.h"
 #include "ropewkv/wkv7.h"
 #include "ropewkv/wkv7_cuda.h"
@@ -30,30 +39,23 @@ using wkv7::Decay;
 inline constexpr int kL = wkv7::kCheckpointEvery;  // the chunk (wkv7::chunked::kChunk): one checkpoint per chunk
 inline constexpr int kThreads = 128;
 
-// The value rows per block (the state slice a block keeps, N / (kThreads / VS) floats a thread). Every block
-// recomputes the chunk's v-independent part (loads, decays, masked products), so the widest slice whose state fits
-// the registers costs least in all: the whole head at N = 32 and 64 (one block per (sequence, head); at N = 64, 49K
-// SASS instructions per token-head against 78K for two slices of 32), 32 rows at N = 128, whose 32 state floats a
-// thread already take 182-188 registers (benchmarks/NOTES.md, "Chunked WKV7", for the counts).
-template <int N>
-inline constexpr int kValueSlice = N == 64 ? 64 : 32;
+// The value rows per block (the state slice a block keeps). Every block recomputes the chunk's v-independent part
+// (loads, decays, masked products), so the widest slice whose state fits the registers costs least in all.
+// fp32 (a thread per value row and segment of k): the whole head at N = 32 and 64 (at N = 64, 49K SASS instructions
+// per token-head against 78K for two slices of 32), 32 rows at N = 128, whose 32 state floats a thread already take
+// 182-188 registers (benchmarks/NOTES.md, "Chunked WKV7", for the counts). bf16 (a warp per 16 value rows, N / 8
+// fragments of 4 floats a lane): the whole head at N = 32 (2 of the 4 warps idle in the products) and 64, and 64 rows
+// at N = 128 (64 state floats a lane).
+template <int N, Precision P>
+inline constexpr int kValueSlice = P == Precision::kBF16 ? (N < 64 ? N : 64) : (N == 64 ? 64 : 32);
 
-// The threads' two roles. (1) The v-dependent products: thread t owns value row v of the slice (kSegs threads per
-// row, in one warp, kVPerWarp rows per warp) and k columns j = 4 (kSegs g + seg) + e, g < kGroups, e < 4: 16-byte
-// shared loads, consecutive segments on consecutive lanes (no bank conflict), the row sums reduced by shuffles.
-// (2) The masked products Ab, Ak, Qb, Qk: 16 lanes per pair of chunk rows {x, L + 1 - x} (17 decayed dots between
-// them: every lane the same trip count), lane c taking columns j = c + 16 i, i < kCols, reduced by shuffles.
-template <int N, int VS>
-struct Layout {
-  static_assert(kThreads % VS == 0 && N % VS == 0, "the value slice must divide N and the block");
-  static constexpr int kSegs = kThreads / VS;
-  static constexpr int kVPerWarp = 32 / kSegs;
-  static_assert(kVPerWarp * kSegs == 32, "a value row's threads must lie in one warp");
-  static constexpr int kGroups = N / (4 * kSegs);
-  static_assert(kGroups * 4 * kSegs == N, "N must be a multiple of 4 x the threads per value row");
-  static constexpr int kPairLanes = 16;
-  static_assert(kThreads == kL / 2 * kPairLanes, "one 16-lane group per pair of chunk rows");
-  static constexpr int kCols = N / kPairLanes;
+// The masked products Ab, Ak, Qb, Qk: 16 lanes per pair of chunk rows {x, L + 1 - x} (17 decayed dots between them:
+// every lane the same trip count), lane c taking columns j = c + 16 i, i < kCols, reduced by shuffles.
+template <int N>
+struct Pairs {
+  static constexpr int kLanes = 16;
+  static_assert(kThreads == kL / 2 * kLanes, "one 16-lane group per pair of chunk rows");
+  static constexpr int kCols = N / kLanes;
   static_assert(N <= kThreads, "a thread per k column scales the rows");
   static_assert(kL * N % kThreads == 0, "the threads load a chunk's rows in whole passes");
 };
@@ -65,6 +67,7 @@ struct Shared {
   alignas(16) float r[kL][N], k[kL][N], a[kL][N], b[kL][N], d[kL][N];
   alignas(16) float decay_all[N];  // E[L][0]: the chunk's whole decay per k
   alignas(16) float Ab[kL][kL], Ak[kL][kL], Qb[kL][kL], Qk[kL][kL];  // written and read inside their masks only
+  alignas(16) float T[kL][kL];                                       // (I - Ab)^{-1}: the bf16 mode's only
 };
 
 struct alignas(16) Float4 {
@@ -81,148 +84,183 @@ __device__ __forceinline__ float lane_sum(float x) {
   return x;
 }
 
-template <int N, int VS, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7ForwardParams p) {
-  using Lay = Layout<N, VS>;
-  constexpr int kSegs = Lay::kSegs, kGroups = Lay::kGroups, kCols = Lay::kCols;
-  __shared__ Shared<N> sm;
-  const int t = threadIdx.x, lane = t % 32;
-  const int64_t task = blockIdx.x;  // = s * heads + h: the index into [n_seqs, H] states
-  const int64_t h = task % p.size.heads;
-  int64_t batch, start, stop;
-  wkv7::sequence_range(p.size.cu_seqlens, task / p.size.heads, p.size.seqlen, batch, start, stop);
-  const Decay decay = static_cast<Decay>(p.size.decay);
-  const io_t* r = static_cast<const io_t*>(p.r);
-  const w_t* w = static_cast<const w_t*>(p.w);
-  const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
+// Where token q of the block's (sequence, head) starts in [B, T, H, N] inputs and outputs.
+struct TokenIndex {
+  int64_t batch, seqlen, heads, h;
+  __device__ __forceinline__ int64_t operator()(int64_t q, int n) const {
+    return ((batch * seqlen + q) * heads + h) * n;
+  }
+};
+
+// The chunk's inputs r, k, a, b and the decays into sm, widened (bf16-rounded first in the bf16 mode); rows past the
+// chunk zero, decay 1. They read the chunk's last row and drop it, so that the loads need no branch.
+template <int N, typename io_t, typename w_t, Precision P>
+__device__ __forceinline__ void load_chunk(Shared<N>& sm, const Wkv7ForwardParams& p, TokenIndex at, int64_t q,
+                                           int len, int t) {
+  const io_t *r = static_cast<const io_t*>(p.r), *k = static_cast<const io_t*>(p.k);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
-  io_t* y = static_cast<io_t*>(p.y);
-  const auto token_index = [&](int64_t q) { return ((batch * p.size.seqlen + q) * p.size.heads + h) * N; };
+  const w_t* w = static_cast<const w_t*>(p.w);
+  const Decay decay = static_cast<Decay>(p.size.decay);
+#pragma unroll
+  for (int i = 0; i < kL * N / kThreads; ++i) {
+    const int l = (t + kThreads * i) / N, j = (t + kThreads * i) % N;
+    const bool in_chunk = l < len;
+    const int64_t idx = at(q + (in_chunk ? l : len - 1), N) + j;
+    const float rv = wkv7::load<P>(r[idx]), kv = wkv7::load<P>(k[idx]);
+    const float av = wkv7::load<P>(a[idx]), bv = wkv7::load<P>(b[idx]);
+    const float dv = wkv7::decay_of(wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]), decay);
+    sm.r[l][j] = in_chunk ? rv : 0.f;
+    sm.k[l][j] = in_chunk ? kv : 0.f;
+    sm.a[l][j] = in_chunk ? av : 0.f;
+    sm.b[l][j] = in_chunk ? bv : 0.f;
+    sm.d[l][j] = in_chunk ? dv : 1.f;
+  }
+}
 
-  // Role (1): value row vi of the state, columns col(g, e).
-  const int seg = lane / Lay::kVPerWarp;
-  const int vi = int(blockIdx.y) * VS + t / 32 * Lay::kVPerWarp + lane % Lay::kVPerWarp;
-  const auto col = [&](int g, int e) { return 4 * (kSegs * g + seg) + e; };
-  // Role (2): chunk rows x_first = pair + 1 and x_second = L - pair (1-based token positions), columns c + 16 i.
-  const int pair = t / Lay::kPairLanes, c = t % Lay::kPairLanes;
+// The masked products. With 1-based positions 1 <= y <= x <= L and E(x, y) = d_{y+1} ... d_x:
+//   Ab[x][y-1] = sum_j a_x b_{y-1} E(x, y)  (x < L)     Qb[x-1][y-1] = sum_j r_{x-1} b_{y-1} E(x, y),
+// Ak, Qk the same with k (rows 0-based; a_x is chunk row x, the token after position x). For each x, y runs down
+// from x with E(x, x) = 1 and E(x, y - 1) = E(x, y) d_y (d_y: chunk row y - 1). Thread t: chunk rows x_first =
+// pair + 1 and x_second = L - pair (1-based token positions), columns c + 16 i.
+template <int N>
+__device__ __forceinline__ void masked_products(Shared<N>& sm, int t) {
+  using Pr = Pairs<N>;
+  constexpr int kCols = Pr::kCols;
+  const int pair = t / Pr::kLanes, c = t % Pr::kLanes;
   const int x_first = pair + 1, x_second = kL - pair;
+  float ax[kCols], rx[kCols], ex[kCols];
+#pragma unroll 1
+  for (int step = 0; step < kL + 1; ++step) {
+    const bool first = step < x_first;
+    const int x = first ? x_first : x_second;
+    const int yy = first ? x_first - step : x_second - (step - x_first);
+    if (step == 0 || step == x_first) {
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int j = c + Pr::kLanes * i;
+        ax[i] = x < kL ? sm.a[x][j] : 0.f;
+        rx[i] = sm.r[x - 1][j];
+        ex[i] = 1.f;
+      }
+    }
+    float sab = 0.f, sak = 0.f, sqb = 0.f, sqk = 0.f;
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      const int j = c + Pr::kLanes * i;
+      const float bm = sm.b[yy - 1][j], km = sm.k[yy - 1][j];
+      const float ae = ax[i] * ex[i], re = rx[i] * ex[i];
+      sab = fmaf(ae, bm, sab);
+      sak = fmaf(ae, km, sak);
+      sqb = fmaf(re, bm, sqb);
+      sqk = fmaf(re, km, sqk);
+      ex[i] *= sm.d[yy - 1][j];
+    }
+    // The four sums over the 16 lanes, reduce-scatter: lanes swap halves of what they hold (xor 8: two of the
+    // four partials, xor 4: one of two), then add up the one left (xor 2, 1). Lane c ends with output c / 4
+    // (Ab, Ak, Qb, Qk) in full, in 4 shuffles instead of 16.
+    const bool upper = c & 8, odd = c & 4;
+    float keep0 = upper ? sqb : sab, keep1 = upper ? sqk : sak;
+    keep0 += __shfl_xor_sync(0xffffffffu, upper ? sab : sqb, 8);
+    keep1 += __shfl_xor_sync(0xffffffffu, upper ? sak : sqk, 8);
+    float sum = odd ? keep1 : keep0;
+    sum += __shfl_xor_sync(0xffffffffu, odd ? keep0 : keep1, 4);
+    sum = lane_sum<1, 4>(sum);
+    if (c % 4 == 0 && (upper || x < kL)) {
+      float(*out)[kL] = upper ? (odd ? sm.Qk : sm.Qb) : (odd ? sm.Ak : sm.Ab);
+      const int row = upper ? x - 1 : x;
+      out[row][yy - 1] = sum;
+    }
+  }
+}
 
+// The scaled rows, in place, by running products down each k column (thread t < N: column t): A~_l = a_l E(l, 0),
+// R~_l = r_l E(l+1, 0), B^_l = b_l E(L, l+1), K^_l = k_l E(L, l+1); and E(L, 0).
+template <int N>
+__device__ __forceinline__ void scale_rows(Shared<N>& sm, int t) {
+  if (t >= N) return;
+  const int j = t;
+  float before = 1.f;
+#pragma unroll
+  for (int l = 0; l < kL; ++l) {
+    sm.a[l][j] *= before;
+    before *= sm.d[l][j];
+    sm.r[l][j] *= before;
+  }
+  sm.decay_all[j] = before;
+  float rest = 1.f;
+#pragma unroll
+  for (int l = kL - 1; l >= 0; --l) {
+    sm.b[l][j] *= rest;
+    sm.k[l][j] *= rest;
+    rest *= sm.d[l][j];
+  }
+}
+
+// Column j of T = (I - Ab)^{-1} (Ab strictly lower triangular, so T is unit lower triangular): T = I + Ab T, row by
+// row, T[l][j] = [l == j] + sum_{j <= m < l} Ab[l][m] T[m][j]. No division.
+template <int N>
+__device__ __forceinline__ void invert_unit_lower(Shared<N>& sm, int j) {
+  float col[kL];
+#pragma unroll
+  for (int l = 0; l < kL; ++l) {
+    float sum = l == j ? 1.f : 0.f;
+#pragma unroll
+    // (A select, not a skipped term: sm_90 sets up the shared window again for every predicated shared load.)
+    for (int m = 0; m < l; ++m) sum = fmaf(m >= j ? sm.Ab[l][m] : 0.f, col[m], sum);
+    col[l] = sum;
+    sm.T[l][j] = sum;
+  }
+}
+
+// precision="fp32": the block's VS value rows of the state as fp32 FMAs. Thread t owns value row v of the slice
+// (kSegs threads per row, in one warp, kVPerWarp rows per warp) and k columns j = 4 (kSegs g + seg) + e, g < kGroups,
+// e < 4: 16-byte shared loads, consecutive segments on consecutive lanes (no bank conflict), the row sums reduced by
+// shuffles.
+template <int N, int VS, typename io_t, Precision P>
+struct SimtSlice {
+  static_assert(kThreads % VS == 0 && N % VS == 0, "the value slice must divide N and the block");
+  static constexpr int kSegs = kThreads / VS;
+  static constexpr int kVPerWarp = 32 / kSegs;
+  static_assert(kVPerWarp * kSegs == 32, "a value row's threads must lie in one warp");
+  static constexpr int kGroups = N / (4 * kSegs);
+  static_assert(kGroups * 4 * kSegs == N, "N must be a multiple of 4 x the threads per value row");
+  static constexpr bool kUsesInverse = false;
+
+  int seg, vi;
   float st[kGroups][4];  // S[vi][col(g, e)]
-  const float* s0 = p.initial_state ? p.initial_state + (task * N + vi) * int64_t(N) : nullptr;
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st[g][e] = s0 ? s0[col(g, e)] : 0.f;
+  float vv[kL];          // V[:, vi]
 
-  for (int64_t q = start; q < stop;) {
-    const int64_t chunk_end = q - q % kL + kL < stop ? q - q % kL + kL : stop;
-    const int len = int(chunk_end - q);
-    if (p.checkpoints != nullptr && q % kL == 0) {  // the state before the chunk, k-major (as the sequential ops)
-      float* slot = p.checkpoints + ((batch * p.size.chunks + q / kL) * p.size.heads + h) * int64_t(N) * N;
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) slot[int64_t(col(g, e)) * N + vi] = st[g][e];
-    }
-    __syncthreads();  // the previous chunk's readers of sm are done
+  __device__ __forceinline__ SimtSlice(int t, int first_row)
+      : seg(t % 32 / kVPerWarp), vi(first_row + t / 32 * kVPerWarp + t % 32 % kVPerWarp) {}
+  __device__ __forceinline__ int col(int g, int e) const { return 4 * (kSegs * g + seg) + e; }
 
-    // The chunk's inputs, widened (bf16-rounded first in the bf16 mode); rows past the chunk zero, decay 1. They read
-    // the chunk's last row and drop it, so that the loads need no branch.
+  __device__ __forceinline__ void load_initial(const float* s0) {  // the head's N x N state, or none
 #pragma unroll
-    for (int i = 0; i < kL * N / kThreads; ++i) {
-      const int l = (t + kThreads * i) / N, j = (t + kThreads * i) % N;
-      const bool in_chunk = l < len;
-      const int64_t idx = token_index(q + (in_chunk ? l : len - 1)) + j;
-      const float rv = wkv7::load<P>(r[idx]), kv = wkv7::load<P>(k[idx]);
-      const float av = wkv7::load<P>(a[idx]), bv = wkv7::load<P>(b[idx]);
-      const float dv = wkv7::decay_of(wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]), decay);
-      sm.r[l][j] = in_chunk ? rv : 0.f;
-      sm.k[l][j] = in_chunk ? kv : 0.f;
-      sm.a[l][j] = in_chunk ? av : 0.f;
-      sm.b[l][j] = in_chunk ? bv : 0.f;
-      sm.d[l][j] = in_chunk ? dv : 1.f;
-    }
-    float vv[kL];  // V[:, vi]
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[g][e] = s0 ? s0[int64_t(vi) * N + col(g, e)] : 0.f;
+  }
+  __device__ __forceinline__ void store_checkpoint(float* slot) const {  // k-major, as the sequential ops
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) slot[int64_t(col(g, e)) * N + vi] = st[g][e];
+  }
+  __device__ __forceinline__ void store_final(float* state) const {
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) state[int64_t(vi) * N + col(g, e)] = st[g][e];
+  }
+  __device__ __forceinline__ void load_values(const io_t* v, TokenIndex at, int64_t q, int len) {
 #pragma unroll
     for (int l = 0; l < kL; ++l) {
-      const float x = wkv7::load<P>(v[token_index(q + (l < len ? l : len - 1)) + vi]);
+      const float x = wkv7::load<P>(v[at(q + (l < len ? l : len - 1), N) + vi]);
       vv[l] = l < len ? x : 0.f;
     }
-    __syncthreads();
+  }
 
-    // The masked products. With 1-based positions 1 <= y <= x <= L and E(x, y) = d_{y+1} ... d_x:
-    //   Ab[x][y-1] = sum_j a_x b_{y-1} E(x, y)  (x < L)     Qb[x-1][y-1] = sum_j r_{x-1} b_{y-1} E(x, y),
-    // Ak, Qk the same with k (rows 0-based; a_x is chunk row x, the token after position x). For each x, y runs down
-    // from x with E(x, x) = 1 and E(x, y - 1) = E(x, y) d_y (d_y: chunk row y - 1).
-    {
-      float ax[kCols], rx[kCols], ex[kCols];
-#pragma unroll 1
-      for (int step = 0; step < kL + 1; ++step) {
-        const bool first = step < x_first;
-        const int x = first ? x_first : x_second;
-        const int yy = first ? x_first - step : x_second - (step - x_first);
-        if (step == 0 || step == x_first) {
-#pragma unroll
-          for (int i = 0; i < kCols; ++i) {
-            const int j = c + Lay::kPairLanes * i;
-            ax[i] = x < kL ? sm.a[x][j] : 0.f;
-            rx[i] = sm.r[x - 1][j];
-            ex[i] = 1.f;
-          }
-        }
-        float sab = 0.f, sak = 0.f, sqb = 0.f, sqk = 0.f;
-#pragma unroll
-        for (int i = 0; i < kCols; ++i) {
-          const int j = c + Lay::kPairLanes * i;
-          const float bm = sm.b[yy - 1][j], km = sm.k[yy - 1][j];
-          const float ae = ax[i] * ex[i], re = rx[i] * ex[i];
-          sab = fmaf(ae, bm, sab);
-          sak = fmaf(ae, km, sak);
-          sqb = fmaf(re, bm, sqb);
-          sqk = fmaf(re, km, sqk);
-          ex[i] *= sm.d[yy - 1][j];
-        }
-        // The four sums over the 16 lanes, reduce-scatter: lanes swap halves of what they hold (xor 8: two of the
-        // four partials, xor 4: one of two), then add up the one left (xor 2, 1). Lane c ends with output c / 4
-        // (Ab, Ak, Qb, Qk) in full, in 4 shuffles instead of 16.
-        const bool upper = c & 8, odd = c & 4;
-        float keep0 = upper ? sqb : sab, keep1 = upper ? sqk : sak;
-        keep0 += __shfl_xor_sync(0xffffffffu, upper ? sab : sqb, 8);
-        keep1 += __shfl_xor_sync(0xffffffffu, upper ? sak : sqk, 8);
-        float sum = odd ? keep1 : keep0;
-        sum += __shfl_xor_sync(0xffffffffu, odd ? keep0 : keep1, 4);
-        sum = lane_sum<1, 4>(sum);
-        if (c % 4 == 0 && (upper || x < kL)) {
-          float(*out)[kL] = upper ? (odd ? sm.Qk : sm.Qb) : (odd ? sm.Ak : sm.Ab);
-          const int row = upper ? x - 1 : x;
-          out[row][yy - 1] = sum;
-        }
-      }
-    }
-    __syncthreads();
-
-    // The scaled rows, in place, by running products down each k column: A~_l = a_l E(l, 0), R~_l = r_l E(l+1, 0),
-    // B^_l = b_l E(L, l+1), K^_l = k_l E(L, l+1); and E(L, 0).
-    if (t < N) {
-      const int j = t;
-      float before = 1.f;
-#pragma unroll
-      for (int l = 0; l < kL; ++l) {
-        sm.a[l][j] *= before;
-        before *= sm.d[l][j];
-        sm.r[l][j] *= before;
-      }
-      sm.decay_all[j] = before;
-      float rest = 1.f;
-#pragma unroll
-      for (int l = kL - 1; l >= 0; --l) {
-        sm.b[l][j] *= rest;
-        sm.k[l][j] *= rest;
-        rest *= sm.d[l][j];
-      }
-    }
-    __syncthreads();
-
+  __device__ __forceinline__ void step(const Shared<N>& sm, io_t* y, TokenIndex at, int64_t q, int len) {
     // U0 = A~ S0^T and Y0 = R~ S0^T for row vi: partial sums over this thread's columns, then over the row's lanes.
     float u[kL], yv[kL];
 #pragma unroll
@@ -231,18 +269,18 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
     for (int g = 0; g < kGroups; ++g) {
 #pragma unroll
       for (int l = 0; l < kL; ++l) {
-        const Float4 at = load4(&sm.a[l][col(g, 0)]), rt = load4(&sm.r[l][col(g, 0)]);
+        const Float4 at4 = load4(&sm.a[l][col(g, 0)]), rt4 = load4(&sm.r[l][col(g, 0)]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          u[l] = fmaf(at.x[e], st[g][e], u[l]);
-          yv[l] = fmaf(rt.x[e], st[g][e], yv[l]);
+          u[l] = fmaf(at4.x[e], st[g][e], u[l]);
+          yv[l] = fmaf(rt4.x[e], st[g][e], yv[l]);
         }
       }
     }
 #pragma unroll
     for (int l = 0; l < kL; ++l) {
-      u[l] = lane_sum<Lay::kVPerWarp, 32>(u[l]);
-      yv[l] = lane_sum<Lay::kVPerWarp, 32>(yv[l]);
+      u[l] = lane_sum<kVPerWarp, 32>(u[l]);
+      yv[l] = lane_sum<kVPerWarp, 32>(yv[l]);
     }
     // U = U0 + Ab U + Ak V: forward substitution (I - Ab is unit lower triangular: no division).
     // (Rows of Ab, Ak, Qb, Qk are read 4 entries at a time; the entries past the mask are never used.)
@@ -265,7 +303,7 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
         for (int e = 0; e < 4 && m4 + e <= l; ++e)
           yv[l] = fmaf(qb.x[e], u[m4 + e], fmaf(qk.x[e], vv[m4 + e], yv[l]));
       }
-      if (l < len && l % kSegs == seg) y[token_index(q + l) + vi] = wkv7::store<io_t, P>(yv[l]);
+      if (l < len && l % kSegs == seg) y[at(q + l, N) + vi] = wkv7::store<io_t, P>(yv[l]);
     }
     // S_L = S0 diag(E(L, 0)) + U^T B^ + V^T K^ for row vi.
 #pragma unroll
@@ -280,13 +318,210 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
         for (int e = 0; e < 4; ++e) st[g][e] = fmaf(u[l], bh.x[e], fmaf(vv[l], kh.x[e], st[g][e]));
       }
     }
+  }
+};
+
+// precision="bf16": the block's VS value rows on bf16 tensor cores. Warp w < VS / 16 owns value rows v0 .. v0 + 15
+// and computes, as 16-row transposed products (M = value rows, ropewkv/mma_bf16.cuh's fragments; lane = 4 g + t):
+//   X^T = S A~^T + V^T Ak^T,  U^T = X^T T^T,  Y^T = S R~^T + U^T Qb^T + V^T Qk^T,
+//   S <- S diag(E(L, 0)) + U^T B^ + V^T K^.
+// The state is st[n] = the C tile of columns 8n .. 8n + 7: S[v0 + g (+8)][8n + 2t (+1)]; X^T, U^T, Y^T two C tiles
+// each (chunk rows 0-7, 8-15), which are the A fragments of the next product. V^T is loaded straight into A
+// fragments (exact in bf16: rounded on load in this mode); S, X, U and every shared operand are split into hi/lo.
+// The masked blocks are zeroed outside their masks as their fragments are built (their shared entries there are
+// never written). Unlike the fp32 form and the CPU twin, a non-finite v reaches earlier rows of its chunk through
+// 0 x inf in those products (as in the Triton twin's tl.dot).
+template <int N, int VS, typename io_t, Precision P>
+struct MmaSlice {
+  static_assert(VS % 16 == 0 && VS / 16 <= kThreads / 32 && N % VS == 0, "a warp per 16 value rows");
+  static constexpr int kTiles = N / 8;  // C tiles of the state slice, 8 k columns each
+  static constexpr bool kUsesInverse = true;
+
+  bool active;  // the warp has value rows (at N = 32, warps 2 and 3 have none)
+  int g, t, v0;
+  float st[kTiles][4];
+  uint32_t vt[4];  // V^T as an A fragment
+
+  __device__ __forceinline__ MmaSlice(int thread, int first_row)
+      : active(thread / 32 * 16 < VS), g(thread % 32 / 4), t(thread % 4), v0(first_row + thread / 32 * 16) {}
+
+  // Element i of a C tile: row (value) g + 8 (i / 2), column 2 t + i % 2 (+ the tile's first column).
+  __device__ __forceinline__ int row(int i) const { return v0 + g + 8 * (i / 2); }
+  __device__ __forceinline__ int column(int i) const { return 2 * t + i % 2; }
+
+  __device__ __forceinline__ void load_initial(const float* s0) {
+    if (!active) return;
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st[n][i] = s0 ? s0[int64_t(row(i)) * N + 8 * n + column(i)] : 0.f;
+  }
+  __device__ __forceinline__ void store_checkpoint(float* slot) const {  // k-major: 8 lanes store 32 bytes
+    if (!active) return;
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) slot[int64_t(8 * n + column(i)) * N + row(i)] = st[n][i];
+  }
+  __device__ __forceinline__ void store_final(float* state) const {
+    if (!active) return;
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) state[int64_t(row(i)) * N + 8 * n + column(i)] = st[n][i];
+  }
+  // vt[i] = V^T[v0 + g + 8 (i % 2)][chunk rows 2t + 8 (i / 2), + 1]: A fragment register i.
+  __device__ __forceinline__ void load_values(const io_t* v, TokenIndex at, int64_t q, int len) {
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float pair[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int l = 2 * t + 8 * (i / 2) + e;
+        const float x = wkv7::load<P>(v[at(q + (l < len ? l : len - 1), N) + v0 + g + 8 * (i % 2)]);
+        pair[e] = l < len ? x : 0.f;
+      }
+      vt[i] = mma::pack_bf16x2(pair[0], pair[1]);
+    }
+  }
+
+  // The B fragment (hi, lo) of M^T for an [L][L] block M, output columns (chunk rows) 8 nt .. 8 nt + 7: M[8 nt + g]
+  // [2t, 2t + 1] and [2t + 8, 2t + 9], zero outside the mask m < l (strict) or m <= l.
+  __device__ __forceinline__ void masked_fragment(const float (&M)[kL][kL], int nt, bool strict, uint32_t (&hi)[2],
+                                                  uint32_t (&lo)[2]) const {
+    const int l = 8 * nt + g;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = 2 * t + 8 * h;
+      const bool in0 = strict ? m < l : m <= l, in1 = strict ? m + 1 < l : m + 1 <= l;
+      const mma::Split s = mma::split_bf16x2(in0 ? M[l][m] : 0.f, in1 ? M[l][m + 1] : 0.f);
+      hi[h] = s.hi;
+      lo[h] = s.lo;
+    }
+  }
+  // The A fragment (hi, lo) of the 16 x 16 block held as two C tiles (columns 0-7 and 8-15).
+  __device__ __forceinline__ static void a_fragment(const float (&left)[4], const float (&right)[4], uint32_t (&hi)[4],
+                                                    uint32_t (&lo)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float* tile = i < 2 ? left : right;
+      const mma::Split s = mma::split_bf16x2(tile[2 * (i % 2)], tile[2 * (i % 2) + 1]);
+      hi[i] = s.hi;
+      lo[i] = s.lo;
+    }
+  }
+
+  __device__ __forceinline__ void step(const Shared<N>& sm, io_t* y, TokenIndex at, int64_t q, int len) {
+    if (!active) return;
+    // X^T = S A~^T and Y^T = S R~^T over k in steps of 16 (state tiles 2kk, 2kk + 1 as one A fragment).
+    float x[2][4] = {}, yv[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      uint32_t s_hi[4], s_lo[4];
+      a_fragment(st[2 * kk], st[2 * kk + 1], s_hi, s_lo);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int l = 8 * nt + g, k = 16 * kk + 2 * t;
+        uint32_t a_hi[2], a_lo[2], r_hi[2], r_lo[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const mma::Split sa = mma::split_bf16x2(sm.a[l][k + 8 * h], sm.a[l][k + 8 * h + 1]);
+          const mma::Split sr = mma::split_bf16x2(sm.r[l][k + 8 * h], sm.r[l][k + 8 * h + 1]);
+          a_hi[h] = sa.hi, a_lo[h] = sa.lo, r_hi[h] = sr.hi, r_lo[h] = sr.lo;
+        }
+        mma::mma_split(x[nt], s_hi, s_lo, a_hi, a_lo);
+        mma::mma_split(yv[nt], s_hi, s_lo, r_hi, r_lo);
+      }
+    }
+    // X^T += V^T Ak^T; U^T = X^T T^T.
+    float u[2][4] = {};
+    {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t hi[2], lo[2];
+        masked_fragment(sm.Ak, nt, true, hi, lo);
+        mma::mma_exact_a(x[nt], vt, hi, lo);
+      }
+      uint32_t x_hi[4], x_lo[4];
+      a_fragment(x[0], x[1], x_hi, x_lo);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t hi[2], lo[2];
+        masked_fragment(sm.T, nt, false, hi, lo);
+        mma::mma_split(u[nt], x_hi, x_lo, hi, lo);
+      }
+    }
+    // Y^T += U^T Qb^T + V^T Qk^T, stored where the chunk has the token.
+    uint32_t u_hi[4], u_lo[4];
+    a_fragment(u[0], u[1], u_hi, u_lo);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      uint32_t hi[2], lo[2];
+      masked_fragment(sm.Qb, nt, false, hi, lo);
+      mma::mma_split(yv[nt], u_hi, u_lo, hi, lo);
+      masked_fragment(sm.Qk, nt, false, hi, lo);
+      mma::mma_exact_a(yv[nt], vt, hi, lo);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int l = 8 * nt + column(i);
+        if (l < len) y[at(q + l, N) + row(i)] = wkv7::store<io_t, P>(yv[nt][i]);
+      }
+    }
+    // S <- S diag(E(L, 0)) + U^T B^ + V^T K^, per tile of 8 k columns: B fragments B^[2t (+1) (+8)][8n + g].
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st[n][i] *= sm.decay_all[8 * n + column(i)];
+      uint32_t b_hi[2], b_lo[2], k_hi[2], k_lo[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int l = 2 * t + 8 * h, k = 8 * n + g;
+        const mma::Split sb = mma::split_bf16x2(sm.b[l][k], sm.b[l + 1][k]);
+        const mma::Split sk = mma::split_bf16x2(sm.k[l][k], sm.k[l + 1][k]);
+        b_hi[h] = sb.hi, b_lo[h] = sb.lo, k_hi[h] = sk.hi, k_lo[h] = sk.lo;
+      }
+      mma::mma_split(st[n], u_hi, u_lo, b_hi, b_lo);
+      mma::mma_exact_a(st[n], vt, k_hi, k_lo);
+    }
+  }
+};
+
+template <int N, int VS, typename io_t, typename w_t, Precision P>
+__global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7ForwardParams p) {
+  using Slice = std::conditional_t<P == Precision::kBF16, MmaSlice<N, VS, io_t, P>, SimtSlice<N, VS, io_t, P>>;
+  __shared__ Shared<N> sm;
+  const int t = threadIdx.x;
+  const int64_t task = blockIdx.x;  // = s * heads + h: the index into [n_seqs, H] states
+  TokenIndex at{0, p.size.seqlen, p.size.heads, task % p.size.heads};
+  int64_t start, stop;
+  wkv7::sequence_range(p.size.cu_seqlens, task / p.size.heads, p.size.seqlen, at.batch, start, stop);
+  io_t* y = static_cast<io_t*>(p.y);
+
+  Slice slice(t, int(blockIdx.y) * VS);
+  slice.load_initial(p.initial_state ? p.initial_state + task * N * int64_t(N) : nullptr);
+  for (int64_t q = start; q < stop;) {
+    const int64_t chunk_end = q - q % kL + kL < stop ? q - q % kL + kL : stop;
+    const int len = int(chunk_end - q);
+    if (p.checkpoints != nullptr && q % kL == 0) {  // the state before the chunk
+      const int64_t slot = (at.batch * p.size.chunks + q / kL) * p.size.heads + at.h;
+      slice.store_checkpoint(p.checkpoints + slot * N * int64_t(N));
+    }
+    __syncthreads();  // the previous chunk's readers of sm are done
+    load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
+    slice.load_values(static_cast<const io_t*>(p.v), at, q, len);
+    __syncthreads();
+    masked_products(sm, t);
+    __syncthreads();
+    scale_rows(sm, t);
+    if constexpr (Slice::kUsesInverse) {  // on the last 16 threads, idle in scale_rows below N = 128
+      if (t >= kThreads - kL) invert_unit_lower(sm, t - (kThreads - kL));
+    }
+    __syncthreads();
+    slice.step(sm, y, at, q, len);
     q = chunk_end;
   }
-  float* final_row = p.final_state + (task * N + vi) * int64_t(N);
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) final_row[col(g, e)] = st[g][e];
+  slice.store_final(p.final_state + task * N * int64_t(N));
 }
 
 }  // namespace wkv7_chunked_detail

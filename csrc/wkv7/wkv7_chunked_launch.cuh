@@ -8,19 +8,21 @@ namespace ropewkv::cuda {
 
 template <int N, DecayStorage W>
 cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream) {
-  constexpr int kVS = wkv7_chunked_detail::kValueSlice<N>;
   const int64_t tasks = p.size.n_seqs * p.size.heads;  // grid axis 0 (axis 1, capped at 65,535, holds the slices)
   if (tasks == 0) return cudaSuccess;
   if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const dim3 grid(unsigned(tasks), N / kVS);
   return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {
     using io_t = decltype(io_tag);
     using w_t = decltype(w_tag);
     using namespace wkv7_chunked_detail;
     if (precision == Precision::kBF16) {
-      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kBF16><<<grid, kThreads, 0, stream>>>(p);
+      constexpr int kVS = kValueSlice<N, Precision::kBF16>;
+      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kBF16>
+          <<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
     } else {
-      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kFP32><<<grid, kThreads, 0, stream>>>(p);
+      constexpr int kVS = kValueSlice<N, Precision::kFP32>;
+      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kFP32>
+          <<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
     }
   });
 }

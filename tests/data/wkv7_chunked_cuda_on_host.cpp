@@ -18,8 +18,8 @@ using namespace ropewkv::cuda;
 template <int N>
 void run_grid(const host_cuda::Wkv7Case& c, const Wkv7ForwardParams& p) {
   using namespace wkv7_chunked_detail;
-  constexpr int kVS = kValueSlice<N>;
   host_cuda::dispatch_wkv7(c, [&]<typename io_t, typename w_t, Precision P>() {
+    constexpr int kVS = kValueSlice<N, P>;
     host_cuda::run_grid(dim3(unsigned(p.size.n_seqs * p.size.heads), N / kVS), dim3(kThreads),
                         [&] { chunked_forward_kernel<N, kVS, io_t, w_t, P>(p); });
   });

@@ -167,16 +167,20 @@ def _wkv7(backward: bool, heads: int, n: int, constants: dict, cuda: bool = True
                     triton_combine_written=5 * tensor if split else 0, **cuda_fields)
 
 
-def _wkv7_chunked(heads: int, n: int, constants: dict) -> Workload:
-    """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, kValueSlice<N>
+def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = False) -> Workload:
+    """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, kValueSlice<N, P>
     value rows) of kThreads threads (constants.cu prints both); per chunk its masked-product loop runs 17 times (the
     16-lane groups' pairs of chunk rows). Its floor is the sequential forward's (each slice's block reads the head's
-    r, w, k, a, b again: from L2, as the model assumes of repeated loads)."""
+    r, w, k, a, b again: from L2, as the model assumes of repeated loads). low_precision: precision="bf16", whose
+    v-dependent products run on tensor cores (each HMMA counted as one issue slot)."""
     sequential = _wkv7(False, heads, n, constants)
-    b, t, slice_rows = 8, 4096, constants["head_sizes"][str(n)]["chunked_value_slice"]
-    return Workload(f"WKV7 chunked fwd B{b} T{t} H{heads} N{n} bf16", "token-head", sequential.units, sequential.read,
-                    sequential.written, b * heads * (n // slice_rows),
-                    cuda=(f"chunked_forward_kernel<{n}, {slice_rows}, bf16_t, bf16_t, kFP32>",),
+    sizes = constants["head_sizes"][str(n)]
+    b, t = 8, 4096
+    slice_rows = sizes["chunked_value_slice_bf16" if low_precision else "chunked_value_slice"]
+    mode = "kBF16" if low_precision else "kFP32"
+    return Workload(f"WKV7 chunked fwd{' (bf16 mode)' if low_precision else ''} B{b} T{t} H{heads} N{n} bf16",
+                    "token-head", sequential.units, sequential.read, sequential.written, b * heads * (n // slice_rows),
+                    cuda=(f"chunked_forward_kernel<{n}, {slice_rows}, bf16_t, bf16_t, {mode}>",),
                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17)
 
 
@@ -236,7 +240,9 @@ def workloads(constants: dict) -> list:
             _wkv7(True, 32, 128, constants),
             # N = 256 runs on Triton only (`auto` sends CUDA there).
             _wkv7(False, 16, 256, constants, cuda=False), _wkv7(True, 16, 256, constants, cuda=False),
-            _wkv7_chunked(64, 64, constants), _wkv7_chunked(32, 128, constants), *_wkv7_chunked_triton(64, 64),
+            _wkv7_chunked(64, 64, constants), _wkv7_chunked(32, 128, constants),
+            _wkv7_chunked(64, 64, constants, low_precision=True), _wkv7_chunked(32, 128, constants, low_precision=True),
+            *_wkv7_chunked_triton(64, 64),
             *_wkv7_chunked_triton(32, 128), _decode(), _log_decay(False),
             _log_decay(True)]
 
