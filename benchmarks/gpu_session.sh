@@ -58,6 +58,7 @@ SAN_TESTS=(
     "tests/test_wkv7_chunked.py::test_matches_fp64_reference[T37-N32-loglog]"
     "tests/test_wkv7_chunked.py::test_matches_fp64_reference[varlen-N32-raw]"
     "tests/test_wkv7_chunked.py::test_matches_fp64_reference[T16-N64-no-state-log]"
+    "tests/test_wkv7_chunked.py::test_low_precision_io[dtype3-bf16]"  # the CUDA chunked forward's mma form
 )
 export PY DEVICE WORK OUT PYTHONUNBUFFERED=1 ROPEWKV_FAILURES_NOW=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export TMPDIR=$ROOT/build/tmp TRITON_CACHE_DIR=$ROOT/build/triton TORCHINDUCTOR_CACHE_DIR=$ROOT/build/inductor

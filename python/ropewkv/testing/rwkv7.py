@@ -57,9 +57,10 @@ def rwkv7_inputs(batch: int, seqlen: int, heads: int, head_size: int, dtype: tor
 
 GRAD_NAMES = ("r", "w", "k", "v", "a", "b", "initial_state")
 # The chunked form's bf16 mode (Triton: triton_kernels/rwkv7/chunked.py, _dot; CUDA: the forward's MmaSlice) multiplies
-# hi/lo bf16 splits of fp32 operands on the tensor cores: the dropped lo x lo term and the splits' own rounding are each
-# <= 2^-18 relative per product, so the fp32 outputs (the states, which are not rounded to bf16) carry up to ~2^-16
-# more than fp32 math (found by hypothesis: a Triton final state 2.5e-6 from fp64 with 3 tokens, over a 2e-6 bound).
+# hi/lo bf16 splits of fp32 operands on the tensor cores: each product misses the lo x lo term and the splits' own
+# rounding (ropewkv/mma_bf16.cuh: measured max 2^-15.3, RMS 2^-17.8 relative per product), so the fp32 outputs (the
+# states, which are not rounded to bf16) carry up to ~2^-16 more RMS than fp32 math (found by hypothesis: a Triton
+# final state 2.5e-6 from fp64 with 3 tokens, over a 2e-6 bound).
 SPLIT_PRODUCT_RMS = 2.0**-16
 
 
