@@ -25,8 +25,9 @@ tensors' norm (measured 1e-9 .. 2e-5): bound 0.25 u on top (1e-3 bf16, 1.2e-4 fp
 missing term exceeds by orders of magnitude.
 
 precision="bf16" runs the kernel's tensor-core form (MmaSlice): on the host each mma.sync is formed from the same
-register fragments through warp shuffles (ropewkv/mma_bf16.cuh), so the fragments' layout as the kernel builds them is
-what is checked here; whether the layout is the hardware's is checked on a GPU (the CUDA parity rows). Its split
+register fragments through warp shuffles (ropewkv/mma_bf16.cuh, itself held to the PTX ISA's fragment table by
+test_mma_bf16_on_host.py), so the fragments as the kernel builds them are checked here; that the hardware agrees is
+checked on a GPU (the CUDA parity rows). Its split
 products add up to SPLIT_PRODUCT_RMS (2^-16) to the fp32 bound (measured: states 2.0e-6 .. 2.6e-6 against the CPU twin
 where fp32 math gives ~1.5e-7); products that drop their lo halves (one bf16 product each) give 2.9e-4 .. 5.4e-4.
 """
