@@ -165,21 +165,24 @@ def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L: tl.const
     ca = tl.cumsum(logd, axis=0)   # c[l + 1]
     cb = ca - logd                 # c[l]
     clast = tl.sum(logd, axis=0)   # c[len]
-    return r, k, a, b, dlog, ca, cb, clast
+    return r, k, a, b, dlog, tl.exp(logd), ca, cb, clast
 
 
 @triton.jit
-def _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, ca, cb, L: tl.constexpr):
+def _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, d, ca, cb, L: tl.constexpr):
     """Ab, Ak, Qb, Qk [L, L] plus one column slice's share (the sums over j of x_l[j] y_m[j] E[.][m+1][j], the
     decays as in _masked_decays), with the column j as the leading axis of the [BK, L, L] broadcasts: the compiler
     spreads a block's last axes over lanes and warps, so the sums over j stay within each thread (in [L, L, BK] form
-    they were four 16-lane shuffle reductions per entry: 1,802 instructions per slice in the forward, now 955)."""
+    they were four 16-lane shuffle reductions per entry: 1,802 instructions per slice in the forward, then 955). One
+    exp per pair: r_l E[l+1][m+1] = (r_l d_l) E[l][m+1] below the diagonal (704 instructions per slice, Triton 3.7.1;
+    3.6.0 745; the product formed before the transpose, else 3.6.0 recomputes it per pair: 1,223)."""
     rows = tl.arange(0, L)
     strict = (rows[None, :] < rows[:, None])[None, :, :]
-    incl = (rows[None, :] <= rows[:, None])[None, :, :]
-    ca_t = tl.trans(ca)
-    aE = tl.trans(a)[:, :, None] * tl.exp(tl.where(strict, tl.trans(cb)[:, :, None] - ca_t[:, None, :], float("-inf")))
-    rE = tl.trans(r)[:, :, None] * tl.exp(tl.where(incl, ca_t[:, :, None] - ca_t[:, None, :], float("-inf")))
+    diagonal = (rows[None, :] == rows[:, None])[None, :, :]
+    Eb = tl.exp(tl.where(strict, tl.trans(cb)[:, :, None] - tl.trans(ca)[:, None, :], float("-inf")))
+    r_t = tl.trans(r)
+    aE = tl.trans(a)[:, :, None] * Eb
+    rE = tl.where(diagonal, r_t[:, :, None], tl.trans(r * d)[:, :, None] * Eb)
     b_t = tl.trans(b)[:, None, :]
     k_t = tl.trans(k)[:, None, :]
     Ab += tl.sum(aE * b_t, axis=0)
@@ -293,9 +296,9 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     Qb = tl.zeros((L, L), dtype=tl.float32)
     Qk = tl.zeros((L, L), dtype=tl.float32)
     for j0 in range(0, N, BK):
-        r, k, a, b, dlog, ca, cb, clast = _columns(
+        r, k, a, b, dlog, d, ca, cb, clast = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
-        Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, ca, cb, L)
+        Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, d, ca, cb, L)
     Tm = _solve_matrix(Ab, L)
     M = tl.dot(Tm, Ak, input_precision="ieee")
     square_at = rows[:, None] * L + rows[None, :]
@@ -308,7 +311,7 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
         tl.store(_prep_square(prep, 5, L, N) + square_at, Qk)
     slice_at = rows[:, None] * N + kk[None, :]
     for j0 in range(0, N, BK):
-        r, k, a, b, dlog, ca, cb, clast = _columns(
+        r, k, a, b, dlog, _, ca, cb, clast = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
         W = tl.dot(Tm, a * tl.exp(cb), input_precision="ieee")
         rest = tl.exp(clast[None, :] - ca)
@@ -512,7 +515,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, and the masked
     # products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx, dc[m+1] -= y dy).
     for j0 in tl.range(0, N, BK, disable_licm=True):
-        r, k, a, b, dlog, ca, cb, clast = _columns(
+        r, k, a, b, dlog, _, ca, cb, clast = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
         Eb, Eq = _masked_decays(ca, cb, L)
         e_before = tl.exp(cb)
