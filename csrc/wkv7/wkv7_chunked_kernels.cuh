@@ -400,6 +400,20 @@ struct MmaSlice {
       lo[h] = s.lo;
     }
   }
+  // d += A M^T (both C tiles of d) for an [L][L] block M: A split (a_lo given) or exact in bf16 (V^T: a_lo null).
+  __device__ __forceinline__ void add_times_masked(float (&d)[2][4], const uint32_t (&a)[4], const uint32_t (*a_lo)[4],
+                                                   const float (&M)[kL][kL], bool strict) const {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      uint32_t hi[2], lo[2];
+      masked_fragment(M, nt, strict, hi, lo);
+      if (a_lo != nullptr) {
+        mma::mma_split(d[nt], a, *a_lo, hi, lo);
+      } else {
+        mma::mma_exact_a(d[nt], a, hi, lo);
+      }
+    }
+  }
   // The A fragment (hi, lo) of the 16 x 16 block held as two C tiles (columns 0-7 and 8-15).
   __device__ __forceinline__ static void a_fragment(const float (&left)[4], const float (&right)[4], uint32_t (&hi)[4],
                                                     uint32_t (&lo)[4]) {
@@ -436,38 +450,22 @@ struct MmaSlice {
     }
     // X^T += V^T Ak^T; U^T = X^T T^T.
     float u[2][4] = {};
-    {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        uint32_t hi[2], lo[2];
-        masked_fragment(sm.Ak, nt, true, hi, lo);
-        mma::mma_exact_a(x[nt], vt, hi, lo);
-      }
-      uint32_t x_hi[4], x_lo[4];
-      a_fragment(x[0], x[1], x_hi, x_lo);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        uint32_t hi[2], lo[2];
-        masked_fragment(sm.T, nt, false, hi, lo);
-        mma::mma_split(u[nt], x_hi, x_lo, hi, lo);
-      }
-    }
+    add_times_masked(x, vt, nullptr, sm.Ak, true);
+    uint32_t x_hi[4], x_lo[4];
+    a_fragment(x[0], x[1], x_hi, x_lo);
+    add_times_masked(u, x_hi, &x_lo, sm.T, false);
     // Y^T += U^T Qb^T + V^T Qk^T, stored where the chunk has the token.
     uint32_t u_hi[4], u_lo[4];
     a_fragment(u[0], u[1], u_hi, u_lo);
+    add_times_masked(yv, u_hi, &u_lo, sm.Qb, false);
+    add_times_masked(yv, vt, nullptr, sm.Qk, false);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      uint32_t hi[2], lo[2];
-      masked_fragment(sm.Qb, nt, false, hi, lo);
-      mma::mma_split(yv[nt], u_hi, u_lo, hi, lo);
-      masked_fragment(sm.Qk, nt, false, hi, lo);
-      mma::mma_exact_a(yv[nt], vt, hi, lo);
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int l = 8 * nt + column(i);
         if (l < len) y[at(q + l, N) + row(i)] = wkv7::store<io_t, P>(yv[nt][i]);
       }
-    }
     // S <- S diag(E(L, 0)) + U^T B^ + V^T K^, per tile of 8 k columns: B fragments B^[2t (+1) (+8)][8n + g].
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
