@@ -61,10 +61,13 @@ struct Pairs {
 };
 
 // The chunk's v-independent quantities, fp32, [row][k]. r, a, b, k become R~, A~, B^, K^ in place once the masked
-// products are formed.
+// products are formed. Rows are kRow = N + 4 floats apart (16-byte aligned), so that the mma form's fragment loads
+// hit distinct banks: B^, K^ (rows 2t, 2t + 8: banks 8t + g) conflict-free, A~, R~ (8-byte, rows g: banks 4g + 2t)
+// 2-way, where rows N apart put 4 lanes on each bank (4-way). N + 8 would swap the two and pass 48 KB at N = 128.
 template <int N>
 struct Shared {
-  alignas(16) float r[kL][N], k[kL][N], a[kL][N], b[kL][N], d[kL][N];
+  static constexpr int kRow = N + 4;
+  alignas(16) float r[kL][kRow], k[kL][kRow], a[kL][kRow], b[kL][kRow], d[kL][kRow];
   alignas(16) float decay_all[N];  // E[L][0]: the chunk's whole decay per k
   alignas(16) float Ab[kL][kL], Ak[kL][kL], Qb[kL][kL], Qk[kL][kL];  // written and read inside their masks only
   alignas(16) float T[kL][kL];                                       // (I - Ab)^{-1}: the bf16 mode's only
