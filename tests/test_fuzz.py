@@ -162,8 +162,8 @@ def wkv7_cases(draw):
 @settings(FUZZ, max_examples=80)
 @given(case=wkv7_cases())
 # Found by hypothesis: one token, one head: dr = k (v . dy) cancels, so its relative error is unbounded in any fp32
-# order (led to the eager-fp32 bound); in bf16 mode grad_y is rounded to bf16 like every I/O value; the Triton
-# chunked bf16 mode's split products (SPLIT_PRODUCT_RMS).
+# order (led to the eager-fp32 bound); in bf16 mode grad_y is rounded to bf16 like every I/O value; the chunked bf16
+# mode's split products (SPLIT_PRODUCT_RMS).
 @example(case=dict(backend=BACKENDS[0], lengths=None, batch=1, seqlen=1, heads=1, n=32, dtype=torch.float32,
                    decay="loglog", precision="fp32", initial_state=False, strided=True, grad=True, seed=0,
                    algorithm="sequential"))

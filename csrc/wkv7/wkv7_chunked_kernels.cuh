@@ -89,14 +89,16 @@ __device__ __forceinline__ float lane_sum(float x) {
 
 // Where token q of the block's (sequence, head) starts in [B, T, H, N] inputs and outputs.
 struct TokenIndex {
-  int64_t batch, seqlen, heads, h;
-  __device__ __forceinline__ int64_t operator()(int64_t q, int n) const {
-    return ((batch * seqlen + q) * heads + h) * n;
+  int64_t batch, seqlen, heads, h, n;
+  __device__ __forceinline__ int64_t operator()(int64_t q) const { return ((batch * seqlen + q) * heads + h) * n; }
+  // Row l of the chunk that starts at token q, or its last row (len - 1) past the chunk, so that loads need no branch.
+  __device__ __forceinline__ int64_t clamped(int64_t q, int l, int len) const {
+    return (*this)(q + (l < len ? l : len - 1));
   }
 };
 
 // The chunk's inputs r, k, a, b and the decays into sm, widened (bf16-rounded first in the bf16 mode); rows past the
-// chunk zero, decay 1. They read the chunk's last row and drop it, so that the loads need no branch.
+// chunk zero, decay 1 (loaded from the chunk's last row and dropped).
 template <int N, typename io_t, typename w_t, Precision P>
 __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Wkv7ForwardParams& p, TokenIndex at, int64_t q,
                                            int len, int t) {
@@ -108,7 +110,7 @@ __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Wkv7ForwardParam
   for (int i = 0; i < kL * N / kThreads; ++i) {
     const int l = (t + kThreads * i) / N, j = (t + kThreads * i) % N;
     const bool in_chunk = l < len;
-    const int64_t idx = at(q + (in_chunk ? l : len - 1), N) + j;
+    const int64_t idx = at.clamped(q, l, len) + j;
     const float rv = wkv7::load<P>(r[idx]), kv = wkv7::load<P>(k[idx]);
     const float av = wkv7::load<P>(a[idx]), bv = wkv7::load<P>(b[idx]);
     const float dv = wkv7::decay_of(wkv7::load<wkv7::kDecayMode<P, io_t>>(w[idx]), decay);
@@ -258,7 +260,7 @@ struct SimtSlice {
   __device__ __forceinline__ void load_values(const io_t* v, TokenIndex at, int64_t q, int len) {
 #pragma unroll
     for (int l = 0; l < kL; ++l) {
-      const float x = wkv7::load<P>(v[at(q + (l < len ? l : len - 1), N) + vi]);
+      const float x = wkv7::load<P>(v[at.clamped(q, l, len) + vi]);
       vv[l] = l < len ? x : 0.f;
     }
   }
@@ -306,7 +308,7 @@ struct SimtSlice {
         for (int e = 0; e < 4 && m4 + e <= l; ++e)
           yv[l] = fmaf(qb.x[e], u[m4 + e], fmaf(qk.x[e], vv[m4 + e], yv[l]));
       }
-      if (l < len && l % kSegs == seg) y[at(q + l, N) + vi] = wkv7::store<io_t, P>(yv[l]);
+      if (l < len && l % kSegs == seg) y[at(q + l) + vi] = wkv7::store<io_t, P>(yv[l]);
     }
     // S_L = S0 diag(E(L, 0)) + U^T B^ + V^T K^ for row vi.
 #pragma unroll
@@ -382,7 +384,7 @@ struct MmaSlice {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int l = 2 * t + 8 * (i / 2) + e;
-        const float x = wkv7::load<P>(v[at(q + (l < len ? l : len - 1), N) + v0 + g + 8 * (i % 2)]);
+        const float x = wkv7::load<P>(v[at.clamped(q, l, len) + v0 + g + 8 * (i % 2)]);
         pair[e] = l < len ? x : 0.f;
       }
       vt[i] = mma::pack_bf16x2(pair[0], pair[1]);
@@ -467,7 +469,7 @@ struct MmaSlice {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int l = 8 * nt + column(i);
-        if (l < len) y[at(q + l, N) + row(i)] = wkv7::store<io_t, P>(yv[nt][i]);
+        if (l < len) y[at(q + l) + row(i)] = wkv7::store<io_t, P>(yv[nt][i]);
       }
     // S <- S diag(E(L, 0)) + U^T B^ + V^T K^, per tile of 8 k columns: B fragments B^[2t (+1) (+8)][8n + g].
 #pragma unroll
@@ -494,7 +496,7 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
   __shared__ Shared<N> sm;
   const int t = threadIdx.x;
   const int64_t task = blockIdx.x;  // = s * heads + h: the index into [n_seqs, H] states
-  TokenIndex at{0, p.size.seqlen, p.size.heads, task % p.size.heads};
+  TokenIndex at{0, p.size.seqlen, p.size.heads, task % p.size.heads, N};
   int64_t start, stop;
   wkv7::sequence_range(p.size.cu_seqlens, task / p.size.heads, p.size.seqlen, at.batch, start, stop);
   io_t* y = static_cast<io_t*>(p.y);
