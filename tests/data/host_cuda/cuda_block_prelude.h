@@ -9,8 +9,8 @@
 // - Blocks run one after another; each block's threads are blockDim.x * y * z concurrent std::threads (threadIdx and
 //   blockIdx are thread_local; the linear id x + y * blockDim.x + z * blockDim.x * blockDim.y), joined at its end.
 // - __shared__ is `static`: one array for all the threads of the running block, which is per-block shared memory
-//   because blocks do not overlap. So: declare shared arrays at kernel scope, size them at compile time (no
-//   `extern __shared__`), and do not read one before the block writes it: it starts zeroed for the first block and
+//   because blocks do not overlap. So: declare shared arrays at kernel scope, size them at compile time (for
+//   `extern __shared__`, see dynamic shared memory below), and do not read one before the block writes it: it starts zeroed for the first block and
 //   then holds the previous block's values (the device gives undefined values); run several blocks to catch that.
 // - __syncthreads(): a barrier over the block's threads (std::barrier: writes before it are seen after it). Threads
 //   waiting at different __syncthreads release each other (bar.sync counts arrivals, not call sites), and a thread
@@ -19,10 +19,12 @@
 // - Warps: 32 consecutive linear ids. __shfl_sync, __shfl_xor_sync, __shfl_up_sync, __shfl_down_sync (4-byte
 //   values: float, int, unsigned; width a power of two up to 32) and __syncwarp, with the full mask only: every lane
 //   of a full warp must take part (checked: a shuffle in a partial warp, or after a lane of the warp returned, aborts).
+// - Dynamic shared memory: a kernel names it with ROPEWKV_DYNAMIC_SHARED(name) (a float4 pointer here, the extern
+//   __shared__ array on the device), sized by run_grid's shared_bytes; it is filled with all-ones bytes (NaN floats)
+//   before every block, so that a read before the block's write shows.
 // Not modelled: the device's memory ordering. A race (two threads on one shared or global element with no barrier
 // between, one writing) is undefined behaviour here too and may well give the expected answer: build with
-// -fsanitize=thread, as tests/test_cuda_block_on_host.py does, to have it reported. Nor dynamic shared memory, other
-// warp intrinsics (__ballot_sync etc.: no stand-in, so they do not compile), or the device's approximate math
+// -fsanitize=thread, as tests/test_cuda_block_on_host.py does, to have it reported. Nor other warp intrinsics (__ballot_sync etc.: no stand-in, so they do not compile), or the device's approximate math
 // (cuda_prelude.h: __expf is exact here).
 #include <algorithm>
 #include <atomic>
@@ -61,13 +63,16 @@ struct Warp {
 };
 
 struct Block {
-  explicit Block(unsigned threads) : barrier(threads) {
+  Block(unsigned threads, size_t shared_bytes)
+      : barrier(threads), dynamic_shared((shared_bytes + sizeof(float4) - 1) / sizeof(float4)) {
+    std::fill_n(reinterpret_cast<unsigned char*>(dynamic_shared.data()), dynamic_shared.size() * sizeof(float4), 0xff);
     for (unsigned first = 0; first < threads; first += kWarpSize) {
       warps.push_back(std::make_unique<Warp>(std::min(kWarpSize, threads - first)));
     }
   }
   std::barrier<> barrier;
   std::vector<std::unique_ptr<Warp>> warps;
+  std::vector<float4> dynamic_shared;
 };
 
 inline thread_local Block* this_block = nullptr;
@@ -93,9 +98,15 @@ T shuffle(unsigned mask, T value, unsigned width, Source source) {
   return result;
 }
 
-// Runs body() as every thread of every block of the grid; see the top of this file.
+inline float4* dynamic_shared() {
+  require(this_block != nullptr, "dynamic shared memory outside host_cuda::run_grid");
+  return this_block->dynamic_shared.data();
+}
+
+// Runs body() as every thread of every block of the grid, each block with shared_bytes of dynamic shared memory; see
+// the top of this file.
 template <typename F>
-void run_grid(dim3 grid, dim3 block, F&& body) {
+void run_grid(dim3 grid, dim3 block, size_t shared_bytes, F&& body) {
   const unsigned threads = block.x * block.y * block.z;
   require(threads > 0 && threads <= 1024, "a block of 1 to 1024 threads");
   gridDim = grid;
@@ -103,7 +114,7 @@ void run_grid(dim3 grid, dim3 block, F&& body) {
   for (unsigned bz = 0; bz < grid.z; ++bz) {
     for (unsigned by = 0; by < grid.y; ++by) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        Block state(threads);
+        Block state(threads, shared_bytes);
         std::vector<std::jthread> workers;
         workers.reserve(threads);
         for (unsigned t = 0; t < threads; ++t) {
@@ -124,7 +135,14 @@ void run_grid(dim3 grid, dim3 block, F&& body) {
   }
 }
 
+template <typename F>
+void run_grid(dim3 grid, dim3 block, F&& body) {
+  run_grid(grid, block, 0, body);
+}
+
 }  // namespace host_cuda
+
+#define ROPEWKV_DYNAMIC_SHARED(name) float4* name = host_cuda::dynamic_shared()
 
 inline void __syncthreads() {
   host_cuda::require(host_cuda::this_block != nullptr, "__syncthreads outside host_cuda::run_grid");
