@@ -157,8 +157,9 @@ def test_algorithm_argument():
 
 
 def test_chunked_is_routed_on_every_backend():
-    """backend="cuda" runs the chunked C++ op too (its CUDA impl: csrc/wkv7/wkv7_chunked_kernels.cuh, run on the host
-    by test_wkv7_chunked_cuda_on_host.py); "auto" picks it on the cpu backend only."""
+    """backend="cuda" runs the chunked C++ op too (its CUDA impl: csrc/wkv7/wkv7_chunked_kernels.cuh and
+    wkv7_chunked_backward_kernels.cuh, run on the host by test_wkv7_chunked_cuda_on_host.py); "auto" picks it on the
+    cpu backend only."""
     from ropewkv.ops.rwkv7 import api
 
     for backend in ("cpu", "triton", "cuda"):
@@ -198,8 +199,8 @@ def test_chunked_invariant_to_left_padding_and_packing(device, dtype):
     """The cpu and triton twins align their chunks to each sequence's end, so neither left padding (frozen tokens)
     nor the tokens packed before a sequence move its tokens in their chunks: its outputs and final state stay the same
     bit for bit, as in the sequential form (with chunks aligned to the packed time axis or to each sequence's start,
-    they differed in the last bits). Not the cuda twin: its chunked forward keeps the grid of the sequential
-    backward's checkpoints (multiples of 16 in the packed time axis)."""
+    they differed in the last bits). Not the cuda twin: its chunked kernels keep the grid of the sequential
+    ops' checkpoints (multiples of 16 in the packed time axis)."""
     heads, n = 2, 32
     for backend in (b for b in kernel_backends(device) if b != "cuda"):
         interpreted = backend == "triton" and device.type == "cpu"

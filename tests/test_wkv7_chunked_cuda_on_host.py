@@ -1,12 +1,14 @@
-"""The chunked WKV7 forward CUDA kernel (csrc/wkv7/wkv7_chunked_kernels.cuh) run on the host, against the CPU chunked
-twin (torch.ops.ropewkv.wkv7_chunked_forward on CPU: y and the final state), the CPU sequential twin (the checkpoints:
-the CUDA chunked forward keeps the sequential ops' grid, whose checkpoints the sequential backward reads, while the
-CPU chunked twin aligns its chunks to each sequence's end) and the fp64 reference. CUDA cannot run here; this runs the
-kernel's own code: each block's 128 threads as concurrent std::threads with real barriers and warp shuffles
-(tests/data/host_cuda/cuda_block_prelude.h), every block of the grid (sequence x head x value slice), built by
-tests/host_cuda.py with AddressSanitizer/UBSan (an access past a buffer stops the run). Not covered: the device-only
-code of ropewkv/precision.h and decay.h (the hardware bf16/fp16 conversions, which round as the host's software ones
-for every finite value; expf, which the host replaces with the CPU twin's exp_poly: both within ~1 ulp).
+"""The chunked WKV7 CUDA kernels run on the host: the forward (csrc/wkv7/wkv7_chunked_kernels.cuh) against the CPU
+chunked twin (torch.ops.ropewkv.wkv7_chunked_forward on CPU: y and the final state), the CPU sequential twin (the
+checkpoints: the CUDA chunked forward keeps the sequential ops' grid, while the CPU chunked twin aligns its chunks to
+each sequence's end) and the fp64 reference; then the backward's two passes (wkv7_chunked_backward_kernels.cuh) from
+those checkpoints, every gradient against the CPU sequential twin's and fp64 autograd. CUDA cannot run here; this runs
+the kernels' own code: each block's 128 threads as concurrent std::threads with real barriers and warp shuffles
+(tests/data/host_cuda/cuda_block_prelude.h; the gradients kernel's dynamic shared memory NaN-filled before each
+block), every block of each grid (sequence x head x value slice; 16-token window x head), built by tests/host_cuda.py
+with AddressSanitizer/UBSan (an access past a buffer stops the run). Not covered: the device-only code of
+ropewkv/precision.h and decay.h (the hardware bf16/fp16 conversions, which round as the host's software ones for every
+finite value; expf, which the host replaces with the CPU twin's exp_poly: both within ~1 ulp).
 
 Shapes cover what the kernel handles per chunk: T not a multiple of 16, cu_seqlens with odd lengths (a sequence of
 1 token, sequences starting and ending inside a chunk, so short first and last chunks), an initial state or none,
@@ -22,9 +24,12 @@ a chunk's sums: measured 0.8e-7 .. 1.7e-7 against both (y, final state, checkpoi
 the unit roundoff; measured against fp64 1.7e-3 bf16, 2.1e-4 fp16): bound 1.0 u on top. The CPU twin rounds nearly the
 same fp32 value, so most of its elements agree exactly and a few differ by an ulp, each flip ~1e-5 of these small
 tensors' norm (measured 1e-9 .. 2e-5): bound 0.25 u on top (1e-3 bf16, 1.2e-4 fp16), which a wrong decay or a
-missing term exceeds by orders of magnitude.
+missing term exceeds by orders of magnitude. The gradients (fp32 FMAs in both precision modes) take the same bounds
+against the CPU sequential twin and fp64, u being the unit roundoff of their storage, or bf16's in precision="bf16":
+measured 1.5e-7 .. 4.7e-7 with fp32 storage, the 16-bit ones at their rounding (1.7e-3 bf16, 2.1e-4 fp16 against fp64).
+Mutation: the masked products' decay cotangent with its sign flipped gives dw 3.9 relative RMS.
 
-precision="bf16" runs the kernel's tensor-core form (MmaSlice): on the host each mma.sync is formed from the same
+precision="bf16" runs the forward's tensor-core form (MmaSlice): on the host each mma.sync is formed from the same
 register fragments through warp shuffles (ropewkv/mma_bf16.cuh, itself held to the PTX ISA's fragment table by
 test_mma_bf16_on_host.py), so the fragments as the kernel builds them are checked here; that the hardware agrees is
 checked on a GPU (the CUDA parity rows). Its split
@@ -40,12 +45,12 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, as_kernel_sees, build_driver, read_raw, rel_rms, \
-    wkv7_cases
+from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_NAMES, as_kernel_sees, build_driver, \
+    read_raw, rel_rms, wkv7_cases, write_raw
 from ropewkv._backend import precision_code
 from ropewkv.ops.rwkv7.api import _check_decay
 from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
-from ropewkv.testing.rwkv7 import SPLIT_PRODUCT_RMS
+from ropewkv.testing.rwkv7 import SPLIT_PRODUCT_RMS, oracle
 
 FP32_BOUND = 2e-6
 
@@ -73,11 +78,17 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
     dtype, w_fp32, precision = CONFIGS[config]
     seed = random.SystemRandom().randrange(2 ** 31)
     gen = torch.Generator().manual_seed(seed)
-    runs = list(wkv7_cases(tmp_path, config, gen))
-    run = subprocess.run([driver, *(str(d) for _, _, d, *_ in runs)], capture_output=True, text=True, timeout=1800)
+    runs = []
+    for c, decay, d, x, cu, s0, n_seqs in wkv7_cases(tmp_path, config, gen):
+        grad_y = torch.randn(x["r"].shape, generator=gen).to(dtype)
+        grad_final = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen)
+        write_raw(grad_y, d / "grad_y.bin")
+        write_raw(grad_final, d / "grad_final_state.bin")
+        runs.append((c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final))
+    run = subprocess.run([driver, *(str(r[2]) for r in runs)], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
 
-    for c, decay, d, x, cu, s0, n_seqs in runs:
+    for c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final in runs:
         where = f"{c['name']} {dtype} w_fp32={w_fp32} {precision} {decay} (seed {seed})"
         n, chunks = c["n"], math.ceil(c["seqlen"] / 16)
         shape = (c["batch"], c["seqlen"], c["heads"], n)
@@ -106,3 +117,33 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
                 ("checkpoints vs cpu sequential twin", ckpt[written], sequential_ckpt[written], fp32)):
             err = rel_rms(got, want)
             assert err <= bound, f"{where}: {what} relative RMS {err:.3g} > {bound:.3g}"
+        _check_backward(where, c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final, precision)
+
+
+def _check_backward(where, c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final, precision):
+    """The backward's gradients against the CPU sequential twin's (its own forward's checkpoints) and fp64 autograd:
+    fp32 math on every side (both precision modes: the backward's products are fp32 FMAs), so FP32_BOUND, plus the
+    unit roundoff of a gradient's last rounding."""
+    shape, state_shape = x["r"].shape, (n_seqs, c["heads"], c["n"], c["n"])
+    got = {f"d{name}": read_raw(d / f"grad_{name}.bin", x[name].dtype, shape) for name in WKV7_NAMES}
+    got["dinitial_state"] = read_raw(d / "grad_initial_state.bin", torch.float32, state_shape)
+    for name, value in got.items():
+        assert not value.isnan().any(), f"{where}: {name} has elements the backward never wrote"
+    args = [x[name] for name in WKV7_NAMES]
+    codes = (_check_decay(decay), precision_code(precision))
+    _, _, ckpt = torch.ops.ropewkv.wkv7_forward(*args, s0, cu, *codes, True)
+    twin = dict(zip([f"d{name}" for name in WKV7_NAMES] + ["dinitial_state"],
+                    torch.ops.ropewkv.wkv7_backward(grad_y, grad_final, *args, s0, cu, ckpt, *codes)))
+    seen = {name: as_kernel_sees(x[name], precision) for name in WKV7_NAMES}
+    _, _, ref = oracle({**seen, "initial_state": s0}, decay, as_kernel_sees(grad_y, precision), grad_final,
+                       cu_seqlens=cu)
+    ref = {f"d{name}": g for name, g in ref.items()}  # no dinitial_state without an initial state
+    for name, value in got.items():
+        u = 0.0 if name == "dinitial_state" else max(
+            UNIT_ROUNDOFF[value.dtype], UNIT_ROUNDOFF[torch.bfloat16] if precision == "bf16" else 0.0)
+        for what, want, bound in (("cpu twin", twin[name], FP32_BOUND + 0.25 * u),
+                                  ("fp64", ref.get(name), FP32_BOUND + u)):
+            if want is None:
+                continue
+            err = rel_rms(value, want)
+            assert err <= bound, f"{where}: {name} vs {what}: relative RMS {err:.3g} > {bound:.3g}"

@@ -98,10 +98,9 @@ struct TokenIndex {
 };
 
 // The chunk's inputs r, k, a, b and the decays into sm, widened (bf16-rounded first in the bf16 mode); rows past the
-// chunk zero, decay 1 (loaded from the chunk's last row and dropped).
-template <int N, typename io_t, typename w_t, Precision P>
-__device__ __forceinline__ void load_chunk(Shared<N>& sm, const Wkv7ForwardParams& p, TokenIndex at, int64_t q,
-                                           int len, int t) {
+// chunk zero, decay 1 (loaded from the chunk's last row and dropped). Params: the forward's or the backward's.
+template <int N, typename io_t, typename w_t, Precision P, typename Params>
+__device__ __forceinline__ void load_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len, int t) {
   const io_t *r = static_cast<const io_t*>(p.r), *k = static_cast<const io_t*>(p.k);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
   const w_t* w = static_cast<const w_t*>(p.w);

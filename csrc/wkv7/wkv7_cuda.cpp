@@ -1,5 +1,5 @@
 // CUDA glue of the WKV7 ops (sequential and chunked): checks, allocation, head-size dispatch, stream; the kernels live
-// in wkv7_n*.cu and wkv7_chunked_n*.cu.
+// in wkv7_n*.cu, wkv7_chunked_n*.cu and wkv7_chunked_backward_n*.cu.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -98,7 +98,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda(
   return {y, final_state, ckpt};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> wkv7_backward_cuda(
+// The backward of either algorithm: CHUNKED picks cuda::wkv7_chunked_backward (the chunked forward's checkpoints;
+// its scratch holds the state cotangent before each chunk, shaped as the checkpoints) over cuda::wkv7_backward.
+template <bool CHUNKED>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_y, const std::optional<at::Tensor>& grad_final_state, const at::Tensor& r,
     const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a, const at::Tensor& b,
     const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
@@ -114,7 +117,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::Tensor gs = wkv7::check_grad_state(grad_final_state, in);
   const at::Tensor ckpt = checkpoints.contiguous();
   at::Tensor scratch =
-      at::empty({cuda::wkv7_backward_scratch_elems(in.n_seqs, in.heads, in.head_size)}, ckpt.options());
+      at::empty({CHUNKED ? cuda::wkv7_chunked_backward_scratch_elems(in.batch, in.chunks, in.heads, in.head_size)
+                         : cuda::wkv7_backward_scratch_elems(in.n_seqs, in.heads, in.head_size)},
+                ckpt.options());
   std::array<at::Tensor, 6> grads;
   for (int i = 0; i < 6; ++i) grads[i] = new_output_like(i == 1 ? in.w : in.r);  // grad_w in w's dtype
   at::Tensor grad_s0 = wkv7::new_state(in, in.n_seqs);
@@ -140,7 +145,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   C10_CUDA_CHECK(by_instantiation(in, [&](auto n, auto storage) {
     constexpr int kN = decltype(n)::value;
     constexpr wkv7::DecayStorage kW = decltype(storage)::value;
-    return cuda::wkv7_backward<kN, kW>(dtype, precision_from(precision), params, c10::cuda::getCurrentCUDAStream());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    if constexpr (CHUNKED) return cuda::wkv7_chunked_backward<kN, kW>(dtype, precision_from(precision), params, stream);
+    return cuda::wkv7_backward<kN, kW>(dtype, precision_from(precision), params, stream);
   }));
   return {grads[0], grads[1], grads[2], grads[3], grads[4], grads[5], grad_s0};
 }
@@ -183,12 +190,9 @@ at::Tensor wkv7_step_cuda(const at::Tensor& r, const at::Tensor& w, const at::Te
 
 TORCH_LIBRARY_IMPL(ropewkv, CUDA, m) {
   m.impl("wkv7_forward", &forward_cuda<false>);
-  m.impl("wkv7_backward", &wkv7_backward_cuda);
+  m.impl("wkv7_backward", &backward_cuda<false>);
   m.impl("wkv7_chunked_forward", &forward_cuda<true>);
-  // No chunked CUDA backward yet: the sequential one serves, since it recomputes each chunk's states from the same
-  // checkpoints (fp32 S before every 16-token chunk aligned in the packed time axis, k-major) that the chunked
-  // forward saves, so chunked forward + sequential backward is the exact gradient (to fp32 rounding).
-  m.impl("wkv7_chunked_backward", &wkv7_backward_cuda);
+  m.impl("wkv7_chunked_backward", &backward_cuda<true>);
   m.impl("wkv7_step", &wkv7_step_cuda);
 }
 

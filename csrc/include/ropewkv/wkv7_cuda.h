@@ -35,7 +35,9 @@ struct Wkv7BackwardParams {
   const void* grad_y;             // I/O dtype
   const float* grad_final_state;  // or nullptr (zero cotangent)
   const float* checkpoints;
-  float* scratch;  // wkv7_backward_scratch_elems floats: the recomputed states of one sub-chunk per (sequence, head)
+  // wkv7_backward_scratch_elems floats: the recomputed states of one sub-chunk per (sequence, head); in the chunked
+  // backward, wkv7_chunked_backward_scratch_elems: the state cotangent before each chunk
+  float* scratch;
   void *grad_r, *grad_w, *grad_k, *grad_v, *grad_a, *grad_b;  // grad_w in w's dtype
   float* grad_initial_state;
 };
@@ -81,18 +83,32 @@ ROPEWKV_WKV7_DECLARE(128, wkv7::DecayStorage::kFloat32)
 #undef ROPEWKV_WKV7_DECLARE
 
 // The chunked forward (ropewkv::wkv7_chunked_forward; csrc/wkv7/wkv7_chunked_kernels.cuh): the same parameters,
-// outputs and checkpoints as wkv7_forward. Instantiated for N = 32, 64, 128 and both storages of w. (The chunked
-// backward's CUDA impl is the sequential wkv7_backward, which recomputes from the same checkpoints.)
+// outputs and checkpoints as wkv7_forward. The chunked backward (csrc/wkv7/wkv7_chunked_backward_kernels.cuh): the
+// same parameters and gradients as wkv7_backward, from the chunked forward's checkpoints, with a scratch of
+// wkv7_chunked_backward_scratch_elems floats. Instantiated for N = 32, 64, 128 and both storages of w.
 template <int N, wkv7::DecayStorage W>
 cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7ForwardParams& p, cudaStream_t stream);
+template <int N, wkv7::DecayStorage W>
+cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7BackwardParams& p, cudaStream_t stream);
 
-#define ROPEWKV_WKV7_CHUNKED_DECLARE(N)                                                                          \
-  extern template cudaError_t wkv7_chunked_forward<N, wkv7::DecayStorage::kIO>(DType, Precision,               \
-                                                                                const Wkv7ForwardParams&,       \
-                                                                                cudaStream_t);                  \
-  extern template cudaError_t wkv7_chunked_forward<N, wkv7::DecayStorage::kFloat32>(DType, Precision,          \
-                                                                                     const Wkv7ForwardParams&,  \
-                                                                                     cudaStream_t);
+// The chunked backward's scratch: the state cotangent before every chunk, shaped as the checkpoints.
+inline int64_t wkv7_chunked_backward_scratch_elems(int64_t batch, int64_t chunks, int64_t heads, int64_t head_size) {
+  return batch * chunks * heads * head_size * head_size;
+}
+
+#define ROPEWKV_WKV7_CHUNKED_DECLARE(N)                                                                           \
+  extern template cudaError_t wkv7_chunked_forward<N, wkv7::DecayStorage::kIO>(DType, Precision,                \
+                                                                                const Wkv7ForwardParams&,        \
+                                                                                cudaStream_t);                   \
+  extern template cudaError_t wkv7_chunked_forward<N, wkv7::DecayStorage::kFloat32>(DType, Precision,           \
+                                                                                     const Wkv7ForwardParams&,   \
+                                                                                     cudaStream_t);              \
+  extern template cudaError_t wkv7_chunked_backward<N, wkv7::DecayStorage::kIO>(DType, Precision,               \
+                                                                                 const Wkv7BackwardParams&,      \
+                                                                                 cudaStream_t);                  \
+  extern template cudaError_t wkv7_chunked_backward<N, wkv7::DecayStorage::kFloat32>(DType, Precision,          \
+                                                                                      const Wkv7BackwardParams&, \
+                                                                                      cudaStream_t);
 ROPEWKV_WKV7_CHUNKED_DECLARE(32)
 ROPEWKV_WKV7_CHUNKED_DECLARE(64)
 ROPEWKV_WKV7_CHUNKED_DECLARE(128)

@@ -1,0 +1,484 @@
+#pragma once
+// CUDA kernels of the chunked WKV7 backward (ropewkv::wkv7_chunked_backward), from python/ropewkv/ops/rwkv7/
+// chunked.md, "Backward, one chunk" (its symbols below), in two launches as the Triton twin's:
+// 1. chunked_state_cotangent_kernel, a block per (sequence, head, slice of VS value rows), walks each sequence's
+//    chunks in reverse carrying the slice's rows of G = dL/dS in registers:
+//      G <- G diag(E(L, 0)) + (G B^^T) W + dY^T R',   W = (I - Ab)^{-1} A~,  R' = R~ + Qb W
+//    (the forward's state step with other matrices), and stores the G before every chunk that starts past its
+//    sequence's start (slot q / 16, shaped as the checkpoints) and before the first (the initial state's gradient).
+// 2. chunked_gradients_kernel, a block per (16-token window of the packed time axis, head), forms the input gradients
+//    of the chunk (or, with cu_seqlens, of each sequence's piece) in that window from its S_0 (the forward's
+//    checkpoint, or the initial state) and the G after it (pass 1's next slot, or the final state's cotangent):
+//    every chunk at once.
+// Chunks, rows past a chunk and the v-independent part (loads, decays, masked products, scaled rows) are the
+// forward's (wkv7_chunked_kernels.cuh). Math in fp32 FMAs in both precision modes (the bf16 mode rounds the I/O as
+// everywhere); nothing is divided, and every decay between two positions is a running product over that range.
+#include "wkv7_chunked_kernels.cuh"
+
+// The block's dynamic shared memory (16-byte aligned, sized at launch): the gradients kernel's passes need more than
+// the 48 KB of static shared memory. The host emulator of CUDA blocks defines its own (tests/data/host_cuda).
+#ifndef ROPEWKV_DYNAMIC_SHARED
+#define ROPEWKV_DYNAMIC_SHARED(name) extern __shared__ float4 name[]
+#endif
+
+namespace ropewkv::cuda {
+namespace wkv7_chunked_detail {
+
+// The checkpoint-shaped slot [B, chunks, H] of the chunk that starts at token q (q a multiple of 16).
+__device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const TokenIndex& at, int64_t q) {
+  return (at.batch * size.chunks + q / kL) * size.heads + at.h;
+}
+
+// W = (I - Ab)^{-1} A~ and R' = R~ + Qb W in place of A~ and R~, column j: forward substitution, no division.
+template <int N>
+__device__ __forceinline__ void substitute_rows(Shared<N>& sm, int j) {
+  float w[kL];
+#pragma unroll
+  for (int l = 0; l < kL; ++l) {
+    float sum = sm.a[l][j];
+#pragma unroll
+    for (int m = 0; m < l; ++m) sum = fmaf(sm.Ab[l][m], w[m], sum);
+    w[l] = sum;
+    sm.a[l][j] = sum;
+  }
+#pragma unroll
+  for (int l = 0; l < kL; ++l) {
+    float sum = sm.r[l][j];
+#pragma unroll
+    for (int m = 0; m <= l; ++m) sum = fmaf(sm.Qb[l][m], w[m], sum);
+    sm.r[l][j] = sum;
+  }
+}
+
+// One chunk of pass 1 for the thread's row of G (g.st; g.vv holds dY[:, row]): Z^T = G B^^T, then
+// G <- G diag(E(L, 0)) + Z^T W + dY^T R' (sm.a = W, sm.r = R').
+template <int N, int VS, typename io_t, Precision P>
+__device__ __forceinline__ void cotangent_step(SimtSlice<N, VS, io_t, P>& g, const Shared<N>& sm) {
+  using Slice = SimtSlice<N, VS, io_t, P>;
+  float z[kL];
+#pragma unroll
+  for (int l = 0; l < kL; ++l) z[l] = 0.f;
+#pragma unroll
+  for (int c = 0; c < Slice::kGroups; ++c) {
+#pragma unroll
+    for (int l = 0; l < kL; ++l) {
+      const Float4 bh = load4(&sm.b[l][g.col(c, 0)]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) z[l] = fmaf(bh.x[e], g.st[c][e], z[l]);
+    }
+  }
+#pragma unroll
+  for (int l = 0; l < kL; ++l) z[l] = lane_sum<Slice::kVPerWarp, 32>(z[l]);
+#pragma unroll
+  for (int c = 0; c < Slice::kGroups; ++c) {
+    const Float4 decay_all = load4(&sm.decay_all[g.col(c, 0)]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) g.st[c][e] *= decay_all.x[e];
+#pragma unroll
+    for (int l = 0; l < kL; ++l) {
+      const Float4 w = load4(&sm.a[l][g.col(c, 0)]), rp = load4(&sm.r[l][g.col(c, 0)]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) g.st[c][e] = fmaf(z[l], w.x[e], fmaf(g.vv[l], rp.x[e], g.st[c][e]));
+    }
+  }
+}
+
+template <int N, int VS, typename io_t, typename w_t, Precision P>
+__global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const Wkv7BackwardParams p) {
+  using Slice = SimtSlice<N, VS, io_t, P>;
+  __shared__ Shared<N> sm;
+  const int t = threadIdx.x;
+  const int64_t task = blockIdx.x;  // = s * heads + h
+  TokenIndex at{0, p.size.seqlen, p.size.heads, task % p.size.heads, N};
+  int64_t start, stop;
+  wkv7::sequence_range(p.size.cu_seqlens, task / p.size.heads, p.size.seqlen, at.batch, start, stop);
+  constexpr int64_t kNN = int64_t(N) * N;
+
+  Slice g(t, int(blockIdx.y) * VS);  // the slice's rows of G (st) and of dY (vv)
+  g.load_initial(p.grad_final_state ? p.grad_final_state + task * kNN : nullptr);
+  for (int64_t chunk_end = stop; chunk_end > start;) {
+    const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
+    const int len = int(chunk_end - q);
+    __syncthreads();  // the previous chunk's readers of sm are done
+    load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
+    g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len);
+    __syncthreads();
+    masked_products(sm, t);
+    __syncthreads();
+    scale_rows(sm, t);
+    if (t < N) substitute_rows(sm, t);  // the column scale_rows gave this thread
+    __syncthreads();
+    cotangent_step(g, sm);
+    if (q > start) g.store_checkpoint(p.scratch + chunk_slot(p.size, at, q) * kNN);  // G before the chunk, k-major
+    chunk_end = q;
+  }
+  g.store_final(p.grad_initial_state + task * kNN);
+}
+
+// Pass 2 takes a chunk's value rows kRows at a time (its S_0 and G rows in shared memory): 32, or 16 at N = 128.
+// Row-wise work (thread per value row and segment of k, as SimtSlice): kSegs threads per row, adjacent lanes.
+template <int N>
+struct GradientRows {
+  static constexpr int kRows = N == 128 ? 16 : 32;
+  static constexpr int kSegs = kThreads / kRows;
+  static constexpr int kGroups = N / (4 * kSegs);  // 4-column groups of k per thread
+  static_assert(kGroups * 4 * kSegs == N && kSegs <= 32, "a row's threads take whole 4-column groups in one warp");
+  // Rows kRow floats apart: N + 16 where a quarter warp (8 lanes, 16-byte loads) spans two rows (kSegs = 4), so that
+  // their 4-column groups fall on distinct banks.
+  static constexpr int kRow = kSegs == 4 ? N + 16 : N + 4;
+  // Contractions over v into [L][N] (thread per 4-column group of k and kLq chunk rows) and into [L][L] (thread per
+  // chunk row and pair of columns).
+  static constexpr int kQuads = N / 4;
+  static constexpr int kLq = kL * kQuads / kThreads;
+  static_assert(kLq * kThreads == kL * kQuads && kL * kL == 2 * kThreads, "whole contraction tiles per thread");
+};
+
+template <int N>
+struct GradientShared {
+  using Rows = GradientRows<N>;
+  static constexpr int kRows = Rows::kRows;
+  Shared<N> chunk;
+  alignas(16) float s0[kRows][Rows::kRow], g[kRows][Rows::kRow];  // the pass's rows of S_0 and G, [v][k]
+  // [value row][chunk row]: U, dX, dY, V of the pass's rows (U and dX before their substitutions, first).
+  alignas(16) float u[kRows][kL], dx[kRows][kL], dy[kRows][kL], v[kRows][kL];
+  alignas(16) float dv[kRows][kL];  // K^ G^T, for the substitutions
+  // Summed over the passes: dA~, dR~, dB^, dK^, the masked products' cotangents, sum_v S_0 G per k.
+  alignas(16) float dA[kL][N], dR[kL][N], dB[kL][N], dK[kL][N];
+  alignas(16) float dAb[kL][kL], dAk[kL][kL], dQb[kL][kL], dQk[kL][kL];
+  alignas(16) float de[N];
+};
+
+// Rows v_first .. v_first + kRows of an N x N state into dst[v][k]: from a k-major slot (checkpoints, pass 1's G;
+// adjacent threads read adjacent floats), a row-major state (the initial state, the final state's cotangent: a
+// sequence's first and last chunk) or zeros (src null).
+template <int N, int kRows, int kStride>
+__device__ __forceinline__ void load_state_rows(float (&dst)[kRows][kStride], const float* src, bool k_major,
+                                                int v_first, int t) {
+  const int64_t v_step = k_major ? 1 : N, k_step = k_major ? N : 1;
+#pragma unroll 4  // (unrolled in full, its loads' addresses spilled beside the masked products' registers)
+  for (int i = 0; i < kRows * N / kThreads; ++i) {
+    const int idx = t + kThreads * i, vi = idx % kRows, k = idx / kRows;
+    dst[vi][k] = src != nullptr ? src[(v_first + vi) * v_step + k * k_step] : 0.f;
+  }
+}
+
+// f(vi, l) for each of the pass's value rows vi and chunk rows l, adjacent threads on adjacent rows (coalesced [B, T,
+// H, N] accesses).
+template <int N, typename F>
+__device__ __forceinline__ void for_rows_and_tokens(int t, F&& f) {
+  constexpr int kRows = GradientRows<N>::kRows;
+#pragma unroll
+  for (int i = 0; i < kRows * kL / kThreads; ++i) f((t + kThreads * i) % kRows, (t + kThreads * i) / kRows);
+}
+
+// out[l] = sum_k M[l][k] row[k] for a value row: the row's kSegs lanes (seg) take 4-column groups of k, then sum.
+// One product at a time: three at once held 48 sums and spilled.
+template <int N>
+__device__ __forceinline__ void row_products(const float* row, const float (&M)[kL][Shared<N>::kRow], float* out,
+                                             int seg) {
+  using Rows = GradientRows<N>;
+  float sum[kL] = {};
+#pragma unroll
+  for (int grp = 0; grp < Rows::kGroups; ++grp) {
+    const int k0 = 4 * (Rows::kSegs * grp + seg);
+    const Float4 x = load4(row + k0);
+#pragma unroll
+    for (int l = 0; l < kL; ++l) {
+      const Float4 m = load4(&M[l][k0]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[l] = fmaf(m.x[e], x.x[e], sum[l]);
+    }
+  }
+#pragma unroll
+  for (int l = 0; l < kL; ++l) {
+    sum[l] = lane_sum<1, Rows::kSegs>(sum[l]);
+    if (l % Rows::kSegs == seg) out[l] = sum[l];
+  }
+}
+
+// The row-wise part for value row v = v_first + vi (thread: vi, seg): U = (I - Ab)^{-1} (A~ S_0^T + Ak V),
+// dU = B^ G^T + Qb^T dY, dX = (I - Ab)^{-T} dU (back substitution), dV = K^ G^T + Qk^T dY + Ak^T dX; dv stored,
+// U and dX into shared memory for the contractions. The products with S_0 and G take the row's kSegs lanes, the
+// substitutions one lane each (U on seg 0; dU, dX, dV on seg 1): run by every lane, their arrays spilled.
+template <int N, typename io_t, Precision P>
+__device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, TokenIndex at, int64_t q, int len,
+                                              int v_first, int t) {
+  using Rows = GradientRows<N>;
+  constexpr int kSegs = Rows::kSegs;
+  const int vi = t / kSegs, seg = t % kSegs;
+  const Shared<N>& c = sm.chunk;
+  row_products<N>(sm.s0[vi], c.a, sm.u[vi], seg);  // A~ S_0^T
+  row_products<N>(sm.g[vi], c.b, sm.dx[vi], seg);  // B^ G^T
+  row_products<N>(sm.g[vi], c.k, sm.dv[vi], seg);  // K^ G^T
+  __syncwarp();  // the row's lanes are in one warp
+  if (seg == 0) {
+    float u[kL], vv[kL];
+#pragma unroll
+    for (int l = 0; l < kL; ++l) {
+      u[l] = sm.u[vi][l];
+      vv[l] = sm.v[vi][l];
+#pragma unroll
+      for (int m4 = 0; m4 < l; m4 += 4) {  // row l of Ab, Ak, 4 entries at a time (those past m < l unused)
+        const Float4 ab = load4(&c.Ab[l][m4]), ak = load4(&c.Ak[l][m4]);
+#pragma unroll
+        for (int e = 0; e < 4 && m4 + e < l; ++e) u[l] = fmaf(ab.x[e], u[m4 + e], fmaf(ak.x[e], vv[m4 + e], u[l]));
+      }
+      sm.u[vi][l] = u[l];
+    }
+  } else if (seg == 1) {
+    // Row m of Qb, Qk, Ab, Ak at a time, m descending: dX[m] is complete once row m's Qb term is in (the later rows'
+    // terms came first), and dV[m] once row m's Qk term is.
+    float dx[kL], dv[kL];
+#pragma unroll
+    for (int l = 0; l < kL; ++l) {
+      dx[l] = sm.dx[vi][l];
+      dv[l] = sm.dv[vi][l];
+    }
+#pragma unroll
+    for (int m = kL - 1; m >= 0; --m) {
+      const float dy = sm.dy[vi][m];
+#pragma unroll
+      for (int l4 = 0; l4 <= m; l4 += 4) {
+        const Float4 qb = load4(&c.Qb[m][l4]), qk = load4(&c.Qk[m][l4]);
+#pragma unroll
+        for (int e = 0; e < 4 && l4 + e <= m; ++e) {
+          dx[l4 + e] = fmaf(qb.x[e], dy, dx[l4 + e]);
+          dv[l4 + e] = fmaf(qk.x[e], dy, dv[l4 + e]);
+        }
+      }
+#pragma unroll
+      for (int l4 = 0; l4 < m; l4 += 4) {
+        const Float4 ab = load4(&c.Ab[m][l4]), ak = load4(&c.Ak[m][l4]);
+#pragma unroll
+        for (int e = 0; e < 4 && l4 + e < m; ++e) {
+          dx[l4 + e] = fmaf(ab.x[e], dx[m], dx[l4 + e]);
+          dv[l4 + e] = fmaf(ak.x[e], dx[m], dv[l4 + e]);
+        }
+      }
+      sm.dx[vi][m] = dx[m];
+      if (m < len) gv[at(q + m) + v_first + vi] = wkv7::store<io_t, P>(dv[m]);
+    }
+  }
+}
+
+// The contractions over the pass's value rows, added to the sums in shared memory (set on the first pass):
+// dA~ = dX S_0, dR~ = dY S_0, dB^ = U G, dK^ = V G and sum_v S_0 G ([L][N], thread: a 4-column group of k, kLq rows),
+// dQb = dY U^T, dQk = dY V^T, dAb = dX U^T, dAk = dX V^T ([L][L], thread: a row and a pair of columns; the entries
+// outside the masks are formed and never read).
+template <int N>
+__device__ __forceinline__ void contract_rows(GradientShared<N>& sm, bool first, int t) {
+  using Rows = GradientRows<N>;
+  constexpr int kLq = Rows::kLq;
+  const int k0 = 4 * (t % Rows::kQuads), l0 = kLq * (t / Rows::kQuads);
+  const int lm = t / 8, m0 = 2 * (t % 8);
+  float acc[4][kLq][4] = {}, de[4] = {};
+  float mm[4][2] = {};  // dQb, dQk, dAb, dAk at (lm, m0), (lm, m0 + 1)
+  float(*sums[4])[N] = {sm.dA, sm.dR, sm.dB, sm.dK};
+  float(*masked[4])[kL] = {sm.dQb, sm.dQk, sm.dAb, sm.dAk};
+  if (!first) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+#pragma unroll
+      for (int i = 0; i < kLq; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[s][i][e] = sums[s][l0 + i][k0 + e];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) mm[s][e] = masked[s][lm][m0 + e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) de[e] = sm.de[k0 + e];
+  }
+#pragma unroll 1  // (unrolled by 2, its loads in flight cost ~60 registers over the rest of the kernel)
+  for (int v = 0; v < Rows::kRows; ++v) {
+    const Float4 s = load4(&sm.s0[v][k0]), g = load4(&sm.g[v][k0]);
+#pragma unroll
+    for (int i = 0; i < kLq; ++i) {
+      const float dx = sm.dx[v][l0 + i], dy = sm.dy[v][l0 + i], u = sm.u[v][l0 + i], vv = sm.v[v][l0 + i];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[0][i][e] = fmaf(dx, s.x[e], acc[0][i][e]);
+        acc[1][i][e] = fmaf(dy, s.x[e], acc[1][i][e]);
+        acc[2][i][e] = fmaf(u, g.x[e], acc[2][i][e]);
+        acc[3][i][e] = fmaf(vv, g.x[e], acc[3][i][e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) de[e] = fmaf(s.x[e], g.x[e], de[e]);
+    const float dy = sm.dy[v][lm], dx = sm.dx[v][lm];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float u = sm.u[v][m0 + e], vv = sm.v[v][m0 + e];
+      mm[0][e] = fmaf(dy, u, mm[0][e]);
+      mm[1][e] = fmaf(dy, vv, mm[1][e]);
+      mm[2][e] = fmaf(dx, u, mm[2][e]);
+      mm[3][e] = fmaf(dx, vv, mm[3][e]);
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int i = 0; i < kLq; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sums[s][l0 + i][k0 + e] = acc[s][i][e];
+  if (l0 == 0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sm.de[k0 + e] = de[e];
+  }
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) masked[s][lm][m0 + e] = mm[s][e];
+}
+
+// Column j of the v-independent part's backward: the scaled rows' (A~_l = a_l E(l, 0), R~_l = r_l E(l+1, 0),
+// B^_l = b_l E(L, l+1), K^_l = k_l E(L, l+1), E(L, 0)) and the masked products' (decayed dots, as the forward's
+// masked_products walks them: x from 1 to L, y from x down to 1, E(x, y) a running product), with dc_x the cotangent
+// of c[x] = sum of log d over rows < x; the cotangent of row l's log d is sum_{x > l} dc_x. sm.chunk holds the raw
+// inputs (loaded again: read from shared memory, they need no registers across the pairs). da_x and dr_{x-1} are
+// complete after position x and stored then; db, dk and dc stay in registers to the end. Gradients stored for rows
+// < len.
+template <int N, typename io_t, typename w_t, Precision P, typename Params>
+__device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, const Params& p, TokenIndex at,
+                                                 int64_t q, int len, int j) {
+  const Shared<N>& c = sm.chunk;
+  io_t *gr = static_cast<io_t*>(p.grad_r), *gk = static_cast<io_t*>(p.grad_k);
+  io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
+  float db[kL] = {}, dk[kL] = {}, dc[kL + 1] = {};
+  if (len > 0) ga[at(q) + j] = wkv7::store<io_t, P>(sm.dA[0][j]);  // A~_0 = a_0: no decay, no masked pair
+  float before = 1.f;  // E(x, 0)
+  // Pairs (x, y), 1 <= y <= x <= L: Ab[x][y-1], Ak (rows a_x, x < L) and Qb[x-1][y-1], Qk (rows r_{x-1}) against
+  // b_{y-1}, k_{y-1}, decayed by E(x, y) = exp(c[x] - c[y]).
+#pragma unroll
+  for (int x = 1; x <= kL; ++x) {
+    before *= c.d[x - 1][j];
+    const float ax = x < kL ? c.a[x][j] : 0.f, rx = c.r[x - 1][j];
+    float e = 1.f, da = x < kL ? sm.dA[x][j] * before : 0.f, dr = sm.dR[x - 1][j] * before;
+    float pairs = fmaf(ax, da, rx * dr);  // A~_x dA~_x + R~_{x-1} dR~_{x-1}: both c[x]
+#pragma unroll
+    for (int y = x; y >= 1; --y) {
+      const int m = y - 1;
+      const float bm = c.b[m][j], km = c.k[m][j];
+      const float ab = x < kL ? sm.dAb[x][m] : 0.f, ak = x < kL ? sm.dAk[x][m] : 0.f;
+      const float qb = sm.dQb[x - 1][m], qk = sm.dQk[x - 1][m];
+      const float ta = fmaf(ab, bm, ak * km) * e, tr = fmaf(qb, bm, qk * km) * e;
+      da += ta;
+      dr += tr;
+      db[m] = fmaf(fmaf(ab, ax, qb * rx), e, db[m]);
+      dk[m] = fmaf(fmaf(ak, ax, qk * rx), e, dk[m]);
+      const float pair = fmaf(ax, ta, rx * tr);
+      pairs += pair;
+      dc[y] -= pair;
+      e *= c.d[m][j];
+    }
+    dc[x] += pairs;
+    if (x < len) ga[at(q + x) + j] = wkv7::store<io_t, P>(da);
+    if (x - 1 < len) gr[at(q + x - 1) + j] = wkv7::store<io_t, P>(dr);
+  }
+  dc[kL] += sm.de[j] * before;  // E(L, 0)
+  const w_t* w = static_cast<const w_t*>(p.w);
+  w_t* gw = static_cast<w_t*>(p.grad_w);
+  const Decay decay = static_cast<Decay>(p.size.decay);
+  constexpr Precision kW = wkv7::kDecayMode<P, io_t>;
+  float rest = 1.f, dlog = 0.f;  // E(L, l + 1); the cotangent of row l's log d, sum_{x > l} dc_x
+#pragma unroll
+  for (int l = kL - 1; l >= 0; --l) {
+    const float dbh = sm.dB[l][j] * rest, dkh = sm.dK[l][j] * rest;
+    const float scaled = fmaf(c.b[l][j], dbh, c.k[l][j] * dkh);  // B^_l dB^_l + K^_l dK^_l: +c[L], -c[l+1]
+    dc[kL] += scaled;
+    dc[l + 1] -= scaled;
+    rest *= c.d[l][j];
+    db[l] += dbh;
+    dk[l] += dkh;
+  }
+#pragma unroll
+  for (int l = kL - 1; l >= 0; --l) {
+    dlog += dc[l + 1];
+    if (l >= len) continue;
+    const int64_t idx = at(q + l) + j;
+    gk[idx] = wkv7::store<io_t, P>(dk[l]);
+    gb[idx] = wkv7::store<io_t, P>(db[l]);
+    gw[idx] = wkv7::store<w_t, kW>(dlog * wkv7::log_decay_grad(wkv7::load<kW>(w[idx]), decay));
+  }
+}
+
+// The gradients of one chunk [q, q + len) of a sequence starting at `start` and ending at `stop`.
+template <int N, typename io_t, typename w_t, Precision P>
+__device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv7BackwardParams& p, TokenIndex at,
+                                                int64_t task, int64_t start, int64_t stop, int64_t q, int len,
+                                                int t) {
+  using Rows = GradientRows<N>;
+  constexpr int kRows = Rows::kRows;
+  constexpr int64_t kNN = int64_t(N) * N;
+  const int64_t end = q + len;
+  // S_0: the forward's checkpoint, or the initial state; G after the chunk: pass 1's slot of the next chunk, or the
+  // final state's cotangent.
+  const bool s0_k_major = q > start, g_k_major = end < stop;
+  const float* s0 = s0_k_major                   ? p.checkpoints + chunk_slot(p.size, at, q) * kNN
+                    : p.initial_state != nullptr ? p.initial_state + task * kNN
+                                                 : nullptr;
+  const float* g = g_k_major                      ? p.scratch + chunk_slot(p.size, at, end) * kNN
+                   : p.grad_final_state != nullptr ? p.grad_final_state + task * kNN
+                                                   : nullptr;
+  const io_t *v = static_cast<const io_t*>(p.v), *gy = static_cast<const io_t*>(p.grad_y);
+  io_t* gv = static_cast<io_t*>(p.grad_v);
+
+  __syncthreads();  // the previous chunk's readers of sm are done
+  load_chunk<N, io_t, w_t, P>(sm.chunk, p, at, q, len, t);
+  __syncthreads();
+  masked_products(sm.chunk, t);
+  __syncthreads();
+  scale_rows(sm.chunk, t);
+  for (int v_first = 0; v_first < N; v_first += kRows) {
+    __syncthreads();  // the chunk's scaled rows are in; the previous pass's readers are done
+    load_state_rows<N>(sm.s0, s0, s0_k_major, v_first, t);
+    load_state_rows<N>(sm.g, g, g_k_major, v_first, t);
+    for_rows_and_tokens<N>(t, [&](int vi, int l) {
+      const int64_t at_l = at.clamped(q, l, len) + v_first + vi;
+      sm.v[vi][l] = l < len ? wkv7::load<P>(v[at_l]) : 0.f;
+      sm.dy[vi][l] = l < len ? wkv7::load<P>(gy[at_l]) : 0.f;
+    });
+    __syncthreads();
+    row_gradients<N, io_t, P>(sm, gv, at, q, len, v_first, t);
+    __syncthreads();
+    contract_rows(sm, v_first == 0, t);
+  }
+  __syncthreads();  // the contractions are in; the scaled rows are read no more
+  load_chunk<N, io_t, w_t, P>(sm.chunk, p, at, q, len, t);
+  __syncthreads();
+  if (t < N) column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
+}
+
+template <int N, typename io_t, typename w_t, Precision P>
+__global__ void __launch_bounds__(kThreads) chunked_gradients_kernel(const Wkv7BackwardParams p) {
+  ROPEWKV_DYNAMIC_SHARED(dynamic_shared);
+  GradientShared<N>& sm = *reinterpret_cast<GradientShared<N>*>(dynamic_shared);
+  const int t = threadIdx.x;
+  const int64_t heads = p.size.heads;
+  const int64_t window = blockIdx.x / heads;  // the 16-token window [c * 16, c * 16 + 16) of batch row `batch`
+  const int64_t batch = window / p.size.chunks, first = window % p.size.chunks * kL;
+  const int64_t last = first + kL < p.size.seqlen ? first + kL : p.size.seqlen;
+  TokenIndex at{batch, p.size.seqlen, heads, int64_t(blockIdx.x) % heads, N};
+  // The sequences that overlap the window: batch row `batch`, or with cu_seqlens (batch 0) the packed sequences
+  // from the first that ends past the window's first token (offsets nondecreasing: Python checks them).
+  int64_t s = batch, s_end = batch + 1;
+  if (const int64_t* cu = p.size.cu_seqlens; cu != nullptr) {
+    int64_t lo = 0, hi = p.size.n_seqs;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (cu[mid + 1] <= first) lo = mid + 1; else hi = mid;
+    }
+    s = lo;
+    s_end = p.size.n_seqs;
+  }
+  for (; s < s_end; ++s) {
+    int64_t seq_batch, start, stop;
+    wkv7::sequence_range(p.size.cu_seqlens, s, p.size.seqlen, seq_batch, start, stop);
+    if (start >= last) break;
+    const int64_t q = start > first ? start : first, end = stop < last ? stop : last;
+    if (q >= end) continue;
+    chunk_gradients<N, io_t, w_t, P>(sm, p, at, s * heads + at.h, start, stop, q, int(end - q), t);
+  }
+}
+
+}  // namespace wkv7_chunked_detail
+}  // namespace ropewkv::cuda
