@@ -1,10 +1,11 @@
 // Prints, as JSON, the launch constants of the WKV7 CUDA kernels that tools/static_report/model.py needs, so that the
 // model reads them instead of restating them: per head size the threads per block of the sequential forward and
-// backward, the backward's columns per thread and sub-chunk, the chunked forward's value slice per precision mode;
-// the unroll of the backward's column sums. Host code only (no kernel is launched): it runs without a GPU.
+// backward, the backward's columns per thread and sub-chunk, the chunked forward's value slice per precision mode, the
+// chunked backward's value rows per pass and dynamic shared memory (its gradients kernel); the unroll of the backward's
+// column sums. Host code only (no kernel is launched): it runs without a GPU.
 #include <cstdio>
 
-#include "wkv7/wkv7_chunked_kernels.cuh"
+#include "wkv7/wkv7_chunked_backward_kernels.cuh"
 #include "wkv7/wkv7_kernels.cuh"
 
 namespace {
@@ -15,11 +16,13 @@ using namespace ropewkv::cuda;
 template <int N>
 void print_head_size(const char* separator) {
   std::printf("\"%d\": {\"forward_threads\": %d, \"backward_threads\": %d, \"backward_cols\": %d, \"sub_chunk\": %d, "
-              "\"chunked_value_slice\": %d, \"chunked_value_slice_bf16\": %d}%s",
+              "\"chunked_value_slice\": %d, \"chunked_value_slice_bf16\": %d, \"chunked_gradient_rows\": %d, "
+              "\"chunked_gradient_shared\": %d}%s",
               N, wkv7_detail::ForwardLanes<N>::kThreads, wkv7_detail::BackwardLanes<N>::kThreads,
               wkv7_detail::BackwardLanes<N>::kCols, wkv7_backward_sub_chunk(N),
               wkv7_chunked_detail::kValueSlice<N, Precision::kFP32>,
-              wkv7_chunked_detail::kValueSlice<N, Precision::kBF16>, separator);
+              wkv7_chunked_detail::kValueSlice<N, Precision::kBF16>, wkv7_chunked_detail::GradientRows<N>::kRows,
+              int(sizeof(wkv7_chunked_detail::GradientShared<N>)), separator);
 }
 
 }  // namespace

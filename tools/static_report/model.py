@@ -36,6 +36,9 @@ The model (stated in the report too):
   per chunk) with each loop nested in it taken as many times as it runs per chunk (Workload.inner_trips), its
   once-per-sequence code not counted; the chain bounds as above with I the instructions per chunk and one DRAM
   latency per chunk.
+- The CUDA chunked backward runs two launches, each its own row: the state cotangent pass (a chunked kernel as the
+  forward) and the gradients kernel, a block per chunk and head whose loops run different trip counts, named per loop
+  (Workload.cuda_loop_trips: a loop's own body counted its trips times those of the loops around it; no chain).
 - The Triton chunked kernels run in several launches, each its own row (their times add): programs of one chunk
   each (the forward's and backward's prep, the backward's gradients) and passes over the chunks in order (the
   forward's state pass, the backward's state cotangent pass). A one-chunk program runs its 16-column slice loops
@@ -105,6 +108,9 @@ class Workload:
     cuda_staging_share: float = 0.0
     # > 0: a program's work is one chunk, every loop taken this many times per iteration of the code around it.
     loop_trips: int = 0
+    # CUDA, a program's work is one chunk: each loop's trips per iteration of the code around it, loops in address
+    # order (where they differ; loop_trips where they do not).
+    cuda_loop_trips: tuple = ()
 
 
 def _rope() -> Workload:
@@ -184,6 +190,37 @@ def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = Fal
                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17)
 
 
+def _wkv7_chunked_backward(heads: int, n: int, constants: dict) -> list:
+    """The chunked CUDA backward (csrc/wkv7/wkv7_chunked_backward_kernels.cuh), fp32 FMAs in both modes: the state
+    cotangent pass (a chunked kernel as the forward, the masked-product loop 17 times per chunk; r, w, k, a, b, dy in,
+    the cotangent before each chunk out, shaped as the checkpoints) and the gradients kernel (a block per chunk and
+    head; r..b, dy, the checkpoints and the cotangents in, six gradients out). Its loops, in address order: the
+    search for the window's first sequence (no trips without cu_seqlens), the pieces of sequences in the window (1),
+    the masked products (17), the passes over the value rows (N / rows), each pass's loads of S_0 and G rows
+    (rows x N / 128 per thread, unrolled by 4) and its contraction over the rows."""
+    sequential = _wkv7(True, heads, n, constants)
+    sizes = constants["head_sizes"][str(n)]
+    b, t = 8, 4096
+    tensor = b * t * heads * n * 2
+    cotangents = t // CHECKPOINT_EVERY * b * heads * n * n * 4
+    state = b * heads * n * n * 4
+    slice_rows, rows = sizes["chunked_value_slice"], sizes["chunked_gradient_rows"]
+    title = f"B{b} T{t} H{heads} N{n} bf16"
+    units = dict(unit="token-head", units=sequential.units)
+    row_loads = rows * n // constants["chunked_threads"] // 4
+    return [Workload(f"WKV7 chunked bwd state pass {title}", read=6 * tensor, written=cotangents + state,
+                     blocks=b * heads * (n // slice_rows), cuda=(
+                         f"chunked_state_cotangent_kernel<{n}, {slice_rows}, bf16_t, bf16_t, kFP32>",),
+                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17,
+                     **units),
+            Workload(f"WKV7 chunked bwd gradients {title}", read=7 * tensor + 2 * cotangents, written=6 * tensor,
+                     blocks=b * t // CHECKPOINT_EVERY * heads,
+                     cuda=(f"chunked_gradients_kernel<{n}, bf16_t, bf16_t, kFP32>",),
+                     cuda_threads=constants["chunked_threads"],
+                     cuda_dynamic_shared=sizes["chunked_gradient_shared"],
+                     cuda_loop_trips=(0, 1, 17, n // rows, row_loads, row_loads, rows), **units)]
+
+
 def _wkv7_chunked_triton(heads: int, n: int) -> list:
     """The chunked Triton kernels (triton_kernels/rwkv7/chunked.py), one workload per launch: forward prep and state
     pass, the backward's state cotangent pass and gradients (its prep is the forward's, with four more L x L blocks
@@ -242,6 +279,7 @@ def workloads(constants: dict) -> list:
             _wkv7(False, 16, 256, constants, cuda=False), _wkv7(True, 16, 256, constants, cuda=False),
             _wkv7_chunked(64, 64, constants), _wkv7_chunked(32, 128, constants),
             _wkv7_chunked(64, 64, constants, low_precision=True), _wkv7_chunked(32, 128, constants, low_precision=True),
+            *_wkv7_chunked_backward(64, 64, constants), *_wkv7_chunked_backward(32, 128, constants),
             *_wkv7_chunked_triton(64, 64),
             *_wkv7_chunked_triton(32, 128), _decode(), _log_decay(False),
             _log_decay(True)]
@@ -317,6 +355,32 @@ def one_chunk_program(kernel, trips: int) -> Path:
     return total
 
 
+def program_with_loop_trips(kernel, trips: tuple) -> Path:
+    """A program's work path with each loop (kernel.loops and kernel.outer_loops in address order) taken trips[i]
+    times per iteration of the code around it: a loop's own body (without the loops nested in it) counted the product
+    of its trips and those of every loop around it."""
+    loops = sorted(kernel.loops + kernel.outer_loops, key=lambda loop: loop.address)
+    if len(loops) != len(trips):
+        raise LookupError(f"{kernel.key}: {len(loops)} loops, the model names trips for {len(trips)}; update "
+                          "tools/static_report/model.py to the kernel as it is now")
+
+    def members(loop) -> set:  # the innermost loops in it (itself, if innermost)
+        return {id(i) for i in loop.inner} or {id(loop)}
+
+    def around(loop) -> list:  # the loops it is nested in
+        return [other for other in kernel.outer_loops if other is not loop and members(loop) <= members(other)
+                and other.instructions > loop.instructions]
+
+    total = kernel.work
+    for loop, trip in zip(loops, trips):
+        nested = [other for other in loops if other is not loop and loop in around(other)
+                  and all(loop in around(mid) or mid is loop for mid in around(other))]
+        body = sum((_times(inner.work, -1) for inner in nested), start=loop.work)
+        times = trip * math.prod(trips[loops.index(outer)] for outer in around(loop))
+        total = total + _times(body, times - 1)
+    return total
+
+
 def token_iteration(kernel, workload: Workload) -> Path:
     """One token of a sequential kernel on its lean path. The loops that run once per token are the innermost loops
     and the outer loops nested in another outer loop (a token loop around loops that run within each token), the
@@ -388,6 +452,9 @@ def predict(kernel, workload: Workload) -> Prediction:
         high = sum(max(w, FMA_LATENCY) * per_step.instructions + DRAM_LATENCY for w in waves)
         chain = (steps * low / CLOCK_HZ, steps * high / CLOCK_HZ)
         per_token = Path(instructions=round(per_step.instructions * steps / workload.tokens))
+    elif workload.cuda_loop_trips and not triton:
+        per_token, chain, scratch = None, None, 0
+        thread_instructions = program_with_loop_trips(kernel, workload.cuda_loop_trips).instructions * blocks * threads
     elif workload.loop_trips:
         per_token, chain, scratch = None, None, 0
         thread_instructions = one_chunk_program(kernel, workload.loop_trips).instructions * blocks * threads
