@@ -4,8 +4,8 @@ csrc/include/ropewkv/wkv7_chunked.h), and the Triton twin (triton_kernels/rwkv7/
 
 Chunks are CHUNK = 16 tokens: in the CPU and Triton twins aligned to each sequence's end (its first chunk short, run
 as 16 rows after absent ones, so that left padding and packing change nothing bit for bit; the Triton twin's
-checkpoints in the recurrent kernel's slots), in the CUDA chunked forward to multiples of 16 in the (packed) time
-axis (the grid of the sequential ops' checkpoints, which its backward, the sequential kernel, reads); the checkpoint
+checkpoints in the recurrent kernel's slots), in the CUDA chunked kernels to multiples of 16 in the (packed) time
+axis (the grid of the sequential ops' checkpoints); the checkpoint
 tensors have the sequential ops' shapes, so their fake kernels serve. The forward
 saves the fp32 state before each chunk, the backward recomputes one chunk at a time from it (chunked.md, "Chunks,
 sequences, checkpoints").
