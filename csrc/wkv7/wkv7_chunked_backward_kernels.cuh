@@ -24,11 +24,6 @@
 namespace ropewkv::cuda {
 namespace wkv7_chunked_detail {
 
-// The checkpoint-shaped slot [B, chunks, H] of the chunk that starts at token q (q a multiple of 16).
-__device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const TokenIndex& at, int64_t q) {
-  return (at.batch * size.chunks + q / kL) * size.heads + at.h;
-}
-
 // W = (I - Ab)^{-1} A~ and R' = R~ + Qb W in place of A~ and R~, column j: forward substitution, no division.
 template <int N>
 __device__ __forceinline__ void substitute_rows(Shared<N>& sm, int j) {
@@ -116,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const
 }
 
 // Pass 2 takes a chunk's value rows kRows at a time (its S_0 and G rows in shared memory): 32, or 16 at N = 128.
-// Row-wise work (thread per value row and segment of k, as SimtSlice): kSegs threads per row, adjacent lanes.
+// Row-wise work: a thread per value row and segment of k, the row's kSegs threads adjacent lanes.
 template <int N>
 struct GradientRows {
   static constexpr int kRows = N == 128 ? 16 : 32;
@@ -139,9 +134,10 @@ struct GradientShared {
   static constexpr int kRows = Rows::kRows;
   Shared<N> chunk;
   alignas(16) float s0[kRows][Rows::kRow], g[kRows][Rows::kRow];  // the pass's rows of S_0 and G, [v][k]
-  // [value row][chunk row]: U, dX, dY, V of the pass's rows (U and dX before their substitutions, first).
-  alignas(16) float u[kRows][kL], dx[kRows][kL], dy[kRows][kL], v[kRows][kL];
-  alignas(16) float dv[kRows][kL];  // K^ G^T, for the substitutions
+  // [value row][chunk row]: U, dX, dY, V of the pass's rows (U and dX before their substitutions, first), and K^ G^T
+  // for the substitutions. Rows kL + 1 floats apart: a lane per row walks them without bank conflicts.
+  static constexpr int kRowL = kL + 1;
+  float u[kRows][kRowL], dx[kRows][kRowL], dy[kRows][kRowL], v[kRows][kRowL], dv[kRows][kRowL];
   // Summed over the passes: dA~, dR~, dB^, dK^, the masked products' cotangents, sum_v S_0 G per k.
   alignas(16) float dA[kL][N], dR[kL][N], dB[kL][N], dK[kL][N];
   alignas(16) float dAb[kL][kL], dAk[kL][kL], dQb[kL][kL], dQk[kL][kL];
@@ -196,22 +192,28 @@ __device__ __forceinline__ void row_products(const float* row, const float (&M)[
   }
 }
 
-// The row-wise part for value row v = v_first + vi (thread: vi, seg): U = (I - Ab)^{-1} (A~ S_0^T + Ak V),
-// dU = B^ G^T + Qb^T dY, dX = (I - Ab)^{-T} dU (back substitution), dV = K^ G^T + Qk^T dY + Ak^T dX; dv stored,
-// U and dX into shared memory for the contractions. The products with S_0 and G take the row's kSegs lanes, the
-// substitutions one lane each (U on seg 0; dU, dX, dV on seg 1): run by every lane, their arrays spilled.
+// The row-wise part: U = (I - Ab)^{-1} (A~ S_0^T + Ak V), dU = B^ G^T + Qb^T dY, dX = (I - Ab)^{-T} dU (back
+// substitution), dV = K^ G^T + Qk^T dY + Ak^T dX; dv stored, U and dX into shared memory for the contractions.
+// First the products with S_0 and G (thread: value row vi, segment seg of k), then the substitutions with a lane per
+// value row, U in warp 0 and dU, dX, dV in warp 1 (on every row's lanes instead, each warp issued both for its
+// rows, at 4 x the cost).
 template <int N, typename io_t, Precision P>
 __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, TokenIndex at, int64_t q, int len,
                                               int v_first, int t) {
   using Rows = GradientRows<N>;
   constexpr int kSegs = Rows::kSegs;
-  const int vi = t / kSegs, seg = t % kSegs;
+  static_assert(Rows::kRows <= 32 && kThreads >= 64, "a lane per value row in each of two warps");
   const Shared<N>& c = sm.chunk;
-  row_products<N>(sm.s0[vi], c.a, sm.u[vi], seg);  // A~ S_0^T
-  row_products<N>(sm.g[vi], c.b, sm.dx[vi], seg);  // B^ G^T
-  row_products<N>(sm.g[vi], c.k, sm.dv[vi], seg);  // K^ G^T
-  __syncwarp();  // the row's lanes are in one warp
-  if (seg == 0) {
+  {
+    const int vi = t / kSegs, seg = t % kSegs;
+    row_products<N>(sm.s0[vi], c.a, sm.u[vi], seg);  // A~ S_0^T
+    row_products<N>(sm.g[vi], c.b, sm.dx[vi], seg);  // B^ G^T
+    row_products<N>(sm.g[vi], c.k, sm.dv[vi], seg);  // K^ G^T
+  }
+  __syncthreads();
+  const int vi = t % 32;
+  if (vi >= Rows::kRows) return;
+  if (t / 32 == 0) {
     float u[kL], vv[kL];
 #pragma unroll
     for (int l = 0; l < kL; ++l) {
@@ -225,7 +227,7 @@ __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, T
       }
       sm.u[vi][l] = u[l];
     }
-  } else if (seg == 1) {
+  } else if (t / 32 == 1) {
     // Row m of Qb, Qk, Ab, Ak at a time, m descending: dX[m] is complete once row m's Qb term is in (the later rows'
     // terms came first), and dV[m] once row m's Qk term is.
     float dx[kL], dv[kL];
@@ -285,8 +287,10 @@ __device__ __forceinline__ void contract_rows(GradientShared<N>& sm, bool first,
 #pragma unroll
       for (int e = 0; e < 2; ++e) mm[s][e] = masked[s][lm][m0 + e];
     }
+    if (l0 == 0) {  // the threads that store it (the others' sums are not kept)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) de[e] = sm.de[k0 + e];
+      for (int e = 0; e < 4; ++e) de[e] = sm.de[k0 + e];
+    }
   }
 #pragma unroll 1  // (unrolled by 2, its loads in flight cost ~60 registers over the rest of the kernel)
   for (int v = 0; v < Rows::kRows; ++v) {

@@ -97,6 +97,11 @@ struct TokenIndex {
   }
 };
 
+// The checkpoint slot [B, chunks, H] of the chunk that starts at token q (q a multiple of 16).
+__device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const TokenIndex& at, int64_t q) {
+  return (at.batch * size.chunks + q / kL) * size.heads + at.h;
+}
+
 // The chunk's inputs r, k, a, b and the decays into sm, widened (bf16-rounded first in the bf16 mode); rows past the
 // chunk zero, decay 1 (loaded from the chunk's last row and dropped). Params: the forward's or the backward's.
 template <int N, typename io_t, typename w_t, Precision P, typename Params>
@@ -506,8 +511,7 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
     const int64_t chunk_end = q - q % kL + kL < stop ? q - q % kL + kL : stop;
     const int len = int(chunk_end - q);
     if (p.checkpoints != nullptr && q % kL == 0) {  // the state before the chunk
-      const int64_t slot = (at.batch * p.size.chunks + q / kL) * p.size.heads + at.h;
-      slice.store_checkpoint(p.checkpoints + slot * N * int64_t(N));
+      slice.store_checkpoint(p.checkpoints + chunk_slot(p.size, at, q) * N * int64_t(N));
     }
     __syncthreads();  // the previous chunk's readers of sm are done
     load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
