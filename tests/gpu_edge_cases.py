@@ -1,8 +1,9 @@
 """GPU edge shapes for the CUDA and Triton twins (run by benchmarks/gpu_checks.sh; skipped without a GPU).
 
 - RoPE head dims 72 and 160 (not powers of two), interleaved and NeoX, partial rotary;
-- WKV7 with T not a multiple of any chunk (checkpoints every 16 tokens, Triton CHUNK 16, any block);
-- B*H larger than SMs * 32 (grids past one wave, for RoPE, wkv7 and wkv7_step);
+- WKV7 with T not a multiple of any chunk (checkpoints every 16 tokens, Triton CHUNK 16, any block), sequential and
+  (CUDA) chunked;
+- B*H larger than SMs * 32 (grids past one wave, for RoPE, wkv7 sequential and chunked, and wkv7_step);
 - tensors past 2^31 elements ("huge": int64 indexing), built as copies of one small block so that every block's
   output must equal the small block's, bit for bit, and match the fp64 oracle.
 The past_2_31 tests need ~35 GB of GPU memory and are left out of the sanitizer runs.
@@ -21,6 +22,9 @@ from conftest import kernel_backends
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU edge cases: no CUDA device here")
 DEV = torch.device("cuda")
 BACKENDS = ["cuda", "triton"]
+# The WKV7 kernels the edge shapes run: both twins' sequential ones and the CUDA chunked ones (the Triton chunked
+# kernels' JIT would take most of the step's budget).
+WKV7_KERNELS = [("cuda", "sequential"), ("triton", "sequential"), ("cuda", "chunked")]
 NAMES = ("r", "w", "k", "v", "a", "b")
 # As in tests/test_fuzz.py: fp32 arithmetic over <= ~100 contractive steps is a few fp32 roundings times sqrt(steps);
 # a final bf16 rounding adds at most 2^-9 relative (2^-8 here, generous).
@@ -66,11 +70,12 @@ def test_rope_more_heads_than_sms_x32(backend):
     assert_within(rp.rotation_measure("rope B*H>SMs*32", backend, "fp32", out, ref, tol, 64, False))
 
 
-def _wkv7_check(inputs, backend, seqlen_note, with_grad=True):
+def _wkv7_check(inputs, backend, seqlen_note, with_grad=True, algorithm="auto"):
     leaves = [inputs[n].clone().requires_grad_(with_grad) for n in NAMES]
     s0 = inputs["initial_state"]
     with poisoned_outputs():
-        y, final = wkv7(*leaves, initial_state=s0, output_final_state=True, backend=_backend(backend))
+        y, final = wkv7(*leaves, initial_state=s0, output_final_state=True, backend=_backend(backend),
+                        algorithm=algorithm)
         grads = torch.autograd.grad((y, final), leaves, (y.detach(), final.detach())) if with_grad else []
     ref_leaves = [inputs[n].double().requires_grad_(with_grad) for n in NAMES]
     y_ref, final_ref = rwkv7_ref.wkv7(*ref_leaves, initial_state=None if s0 is None else s0.double(),
@@ -80,21 +85,22 @@ def _wkv7_check(inputs, backend, seqlen_note, with_grad=True):
     for name, out, ref in zip(["y", "final"] + [f"d{n}" for n in NAMES], [y, final, *grads],
                               [y_ref, final_ref, *ref_grads]):
         tol = FP32_RMS if name == "final" or out.dtype == torch.float32 else BF16_RMS
-        assert rms_ratio(out, ref) <= tol, f"{backend} {seqlen_note} {name}: {rms_ratio(out, ref):.3g} > {tol}"
+        assert rms_ratio(out, ref) <= tol, \
+            f"{backend} {algorithm} {seqlen_note} {name}: {rms_ratio(out, ref):.3g} > {tol}"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, algorithm", WKV7_KERNELS)
 @pytest.mark.parametrize("seqlen", [1, 15, 17, 67, 127])
-def test_wkv7_t_not_a_multiple_of_any_chunk(backend, seqlen):
+def test_wkv7_t_not_a_multiple_of_any_chunk(backend, seqlen, algorithm):
     _wkv7_check(rwkv7_inputs(2, seqlen, 3, 64, torch.bfloat16, "loglog", seeded(3), DEV, initial_state=True),
-                backend, f"T={seqlen}")
+                backend, f"T={seqlen}", algorithm=algorithm)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_wkv7_more_heads_than_sms_x32(backend):
+@pytest.mark.parametrize("backend, algorithm", WKV7_KERNELS)
+def test_wkv7_more_heads_than_sms_x32(backend, algorithm):
     heads = _sms() * 32 + 3
     inputs = rwkv7_inputs(1, 3, heads, 32, torch.float32, "raw", seeded(4), DEV, initial_state=True)
-    _wkv7_check(inputs, backend, f"H={heads}")
+    _wkv7_check(inputs, backend, f"H={heads}", algorithm=algorithm)
     state = inputs["initial_state"].clone()
     y = wkv7_step(*(inputs[n][:, 0] for n in NAMES), state, decay="raw", backend=backend)
     y_ref, s_ref = rwkv7_ref.wkv7_step(*(inputs[n][:, 0].double() for n in NAMES), inputs["initial_state"].double(),

@@ -3,7 +3,8 @@
 // each grid block by block, each block's threads as concurrent std::threads with real barriers and shuffles
 // (tests/data/host_cuda/cuda_block_prelude.h). Driven by tests/test_wkv7_chunked_cuda_on_host.py; each argument is a
 // case directory (tests/data/host_cuda/wkv7_case.h) and gets y.bin, final_state.bin and checkpoints.bin, and for the
-// backward (grad_y.bin [batch, seqlen, heads, N] in the I/O dtype, grad_final_state.bin fp32 [n_seqs, heads, N, N])
+// backward (grad_y.bin [batch, seqlen, heads, N] in the I/O dtype; grad_final_state.bin fp32 [n_seqs, heads, N, N],
+// or none: a zero cotangent)
 // grad_{r,w,k,v,a,b}.bin (grad_w in w's dtype) and grad_initial_state.bin: every output buffer and the backward's
 // scratch NaN-filled before the run (an element the kernels never write stays NaN).
 #include "cuda_block_prelude.h"
@@ -52,8 +53,9 @@ void run_case(const std::string& dir) {
   Wkv7BackwardParams bwd{};
   if (backward) {
     grad_y = host_cuda::read_file(dir + "/grad_y.bin");
-    grad_final = host_cuda::read_file(dir + "/grad_final_state.bin");
-    if (!c.save || grad_y.size() != io_bytes || grad_final.size() != state_bytes) {
+    const bool has_grad_final = std::filesystem::exists(dir + "/grad_final_state.bin");
+    if (has_grad_final) grad_final = host_cuda::read_file(dir + "/grad_final_state.bin");
+    if (!c.save || grad_y.size() != io_bytes || (has_grad_final && grad_final.size() != state_bytes)) {
       std::fprintf(stderr, "%s: a backward case needs save = 1 and grad_y, grad_final_state of their sizes\n",
                    dir.c_str());
       std::exit(2);
@@ -62,7 +64,8 @@ void run_case(const std::string& dir) {
     grad_initial = host_cuda::nan_filled(state_bytes);
     for (int i = 0; i < 6; ++i) grads[i] = host_cuda::nan_filled(size_t(c.elements) * (i == 1 ? c.w_size : c.io_size));
     bwd = {c.sizes(), in[0], in[1], in[2], in[3], in[4], in[5], c.initial_state(), grad_y.data(),
-           reinterpret_cast<const float*>(grad_final.data()), reinterpret_cast<const float*>(checkpoints.data()),
+           has_grad_final ? reinterpret_cast<const float*>(grad_final.data()) : nullptr,
+           reinterpret_cast<const float*>(checkpoints.data()),
            reinterpret_cast<float*>(scratch.data()), grads[0].data(), grads[1].data(), grads[2].data(),
            grads[3].data(), grads[4].data(), grads[5].data(), reinterpret_cast<float*>(grad_initial.data())};
   }
