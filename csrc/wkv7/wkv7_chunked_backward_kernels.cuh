@@ -94,13 +94,8 @@ __global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const
   for (int64_t chunk_end = stop; chunk_end > start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
     const int len = int(chunk_end - q);
-    __syncthreads();  // the previous chunk's readers of sm are done
-    load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
-    g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len);
-    __syncthreads();
-    masked_products(sm, t);
-    __syncthreads();
-    scale_rows(sm, t);
+    prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t,
+                                   [&] { g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len); });
     if (t < N) substitute_rows(sm, t);  // the column scale_rows gave this thread
     __syncthreads();
     cotangent_step(g, sm);
@@ -426,12 +421,7 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   const io_t *v = static_cast<const io_t*>(p.v), *gy = static_cast<const io_t*>(p.grad_y);
   io_t* gv = static_cast<io_t*>(p.grad_v);
 
-  __syncthreads();  // the previous chunk's readers of sm are done
-  load_chunk<N, io_t, w_t, P>(sm.chunk, p, at, q, len, t);
-  __syncthreads();
-  masked_products(sm.chunk, t);
-  __syncthreads();
-  scale_rows(sm.chunk, t);
+  prepare_chunk<N, io_t, w_t, P>(sm.chunk, p, at, q, len, t, [] {});
   for (int v_first = 0; v_first < N; v_first += kRows) {
     __syncthreads();  // the chunk's scaled rows are in; the previous pass's readers are done
     load_state_rows<N>(sm.s0, s0, s0_k_major, v_first, t);

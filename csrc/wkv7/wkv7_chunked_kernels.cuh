@@ -205,6 +205,21 @@ __device__ __forceinline__ void scale_rows(Shared<N>& sm, int t) {
   }
 }
 
+// A chunk's v-independent part into sm, each step behind a barrier (the first: the previous chunk's readers of sm
+// are done): its inputs, with load_more() beside them (a slice's per-row values), the masked products, the scaled
+// rows. No barrier after scale_rows: a thread may go on with the column it scaled.
+template <int N, typename io_t, typename w_t, Precision P, typename Params, typename LoadMore>
+__device__ __forceinline__ void prepare_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len,
+                                              int t, LoadMore&& load_more) {
+  __syncthreads();
+  load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
+  load_more();
+  __syncthreads();
+  masked_products(sm, t);
+  __syncthreads();
+  scale_rows(sm, t);
+}
+
 // Column j of T = (I - Ab)^{-1} (Ab strictly lower triangular, so T is unit lower triangular): T = I + Ab T, row by
 // row, T[l][j] = [l == j] + sum_{j <= m < l} Ab[l][m] T[m][j]. No division.
 template <int N>
@@ -513,13 +528,8 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
     if (p.checkpoints != nullptr && q % kL == 0) {  // the state before the chunk
       slice.store_checkpoint(p.checkpoints + chunk_slot(p.size, at, q) * N * int64_t(N));
     }
-    __syncthreads();  // the previous chunk's readers of sm are done
-    load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
-    slice.load_values(static_cast<const io_t*>(p.v), at, q, len);
-    __syncthreads();
-    masked_products(sm, t);
-    __syncthreads();
-    scale_rows(sm, t);
+    prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t,
+                                   [&] { slice.load_values(static_cast<const io_t*>(p.v), at, q, len); });
     if constexpr (Slice::kUsesInverse) {  // on the last 16 threads, idle in scale_rows below N = 128
       if (t >= kThreads - kL) invert_unit_lower(sm, t - (kThreads - kL));
     }
