@@ -93,6 +93,38 @@ def wkv7_cases(directory, config: int, generator):
         yield case, decay, case_dir, x, cu, s0, n_seqs
 
 
+def write_wkv7_cotangents(directory, inputs: dict, n_seqs: int, generator, final_state: bool = True):
+    """Random cotangents of y and the final state into a case directory (grad_y.bin, grad_final_state.bin: the
+    backward drivers' inputs); final_state=False writes none for the state (a zero cotangent, where the driver allows
+    it). Returns both (the state's as zeros when not written)."""
+    batch, seqlen, heads, n = inputs["r"].shape
+    grad_y = torch.randn(inputs["r"].shape, generator=generator).to(inputs["r"].dtype)
+    write_raw(grad_y, directory / "grad_y.bin")
+    if not final_state:
+        return grad_y, torch.zeros(n_seqs, heads, n, n)
+    grad_final = torch.randn(n_seqs, heads, n, n, generator=generator)
+    write_raw(grad_final, directory / "grad_final_state.bin")
+    return grad_y, grad_final
+
+
+def read_wkv7_gradients(directory, inputs: dict, n_seqs: int) -> dict:
+    """A backward driver's gradients, {"dr": ..., "dinitial_state": ...}: each at its input's dtype (fp32 for the
+    state)."""
+    shape = inputs["r"].shape
+    got = {f"d{name}": read_raw(directory / f"grad_{name}.bin", inputs[name].dtype, shape) for name in WKV7_NAMES}
+    got["dinitial_state"] = read_raw(directory / "grad_initial_state.bin", torch.float32,
+                                     (n_seqs, shape[2], shape[3], shape[3]))
+    return got
+
+
+def output_unit_roundoff(name: str, stored, precision: str) -> float:
+    """The unit roundoff of a WKV7 output's last rounding: its storage dtype's, or bf16's where precision="bf16"
+    rounds it before storing (y and the gradients of r..b; the states and their gradients stay fp32)."""
+    if name in ("final_state", "dinitial_state"):
+        return 0.0
+    return max(UNIT_ROUNDOFF[stored], UNIT_ROUNDOFF[torch.bfloat16] if precision == "bf16" else 0.0)
+
+
 def rel_rms(got, want) -> float:
     got, want = got.detach().double(), want.detach().double()
     return float((got - want).norm() / want.norm())

@@ -46,7 +46,7 @@ import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
 from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_NAMES, as_kernel_sees, build_driver, \
-    read_raw, rel_rms, wkv7_cases, write_raw
+    output_unit_roundoff, read_raw, read_wkv7_gradients, rel_rms, wkv7_cases, write_wkv7_cotangents
 from ropewkv._backend import precision_code
 from ropewkv.ops.rwkv7.api import _check_decay
 from ropewkv.reference.rwkv7 import wkv7 as reference_wkv7
@@ -80,13 +80,8 @@ def test_cuda_kernel_on_host_matches_cpu_twin_and_fp64(driver, tmp_path, config)
     gen = torch.Generator().manual_seed(seed)
     runs = []
     for c, decay, d, x, cu, s0, n_seqs in wkv7_cases(tmp_path, config, gen):
-        grad_y = torch.randn(x["r"].shape, generator=gen).to(dtype)
-        write_raw(grad_y, d / "grad_y.bin")
-        if s0 is None:  # and no final-state cotangent either: the kernels' null-pointer paths (zeros)
-            grad_final = torch.zeros(n_seqs, c["heads"], c["n"], c["n"])
-        else:
-            grad_final = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen)
-            write_raw(grad_final, d / "grad_final_state.bin")
+        # No initial state, no final-state cotangent either: the kernels' null-pointer paths (zeros).
+        grad_y, grad_final = write_wkv7_cotangents(d, x, n_seqs, gen, final_state=s0 is not None)
         runs.append((c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final))
     run = subprocess.run([driver, *(str(r[2]) for r in runs)], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
@@ -127,9 +122,7 @@ def _check_backward(where, c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final, p
     """The backward's gradients against the CPU sequential twin's (its own forward's checkpoints) and fp64 autograd:
     fp32 math on every side (both precision modes: the backward's products are fp32 FMAs), so FP32_BOUND, plus the
     unit roundoff of a gradient's last rounding."""
-    shape, state_shape = x["r"].shape, (n_seqs, c["heads"], c["n"], c["n"])
-    got = {f"d{name}": read_raw(d / f"grad_{name}.bin", x[name].dtype, shape) for name in WKV7_NAMES}
-    got["dinitial_state"] = read_raw(d / "grad_initial_state.bin", torch.float32, state_shape)
+    got = read_wkv7_gradients(d, x, n_seqs)
     for name, value in got.items():
         assert not value.isnan().any(), f"{where}: {name} has elements the backward never wrote"
     args = [x[name] for name in WKV7_NAMES]
@@ -142,8 +135,7 @@ def _check_backward(where, c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final, p
                        cu_seqlens=cu)
     ref = {f"d{name}": g for name, g in ref.items()}  # no dinitial_state without an initial state
     for name, value in got.items():
-        u = 0.0 if name == "dinitial_state" else max(
-            UNIT_ROUNDOFF[value.dtype], UNIT_ROUNDOFF[torch.bfloat16] if precision == "bf16" else 0.0)
+        u = output_unit_roundoff(name, value.dtype, precision)
         for what, want, bound in (("cpu twin", twin[name], FP32_BOUND + 0.25 * u),
                                   ("fp64", ref.get(name), FP32_BOUND + u)):
             if want is None:

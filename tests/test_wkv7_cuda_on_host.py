@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import ropewkv  # noqa: F401  (registers torch.ops.ropewkv)
-from host_cuda import ROOT, UNIT_ROUNDOFF, WKV7_CONFIGS as CONFIGS, WKV7_NAMES, as_kernel_sees, \
-    build_driver, read_raw, rel_rms, wkv7_cases, write_raw
+from host_cuda import ROOT, WKV7_CONFIGS as CONFIGS, WKV7_NAMES, as_kernel_sees, build_driver, \
+    output_unit_roundoff, read_raw, read_wkv7_gradients, rel_rms, wkv7_cases, write_wkv7_cotangents
 from ropewkv._backend import precision_code
 from ropewkv.ops.rwkv7.api import _check_decay
 from ropewkv.testing.rwkv7 import oracle
@@ -36,14 +36,6 @@ def driver(tmp_path_factory) -> str:
     return build_driver("wkv7_cuda_on_host.cpp", exe, [os.path.join(ROOT, "csrc", "wkv7")])
 
 
-def _unit_roundoff(name, stored, precision):
-    """The unit roundoff of an output's last rounding: its storage dtype's, or bf16's where precision="bf16" rounds
-    it before storing (y and the gradients of r..b; the states and their gradients stay fp32)."""
-    if name in ("final_state", "dinitial_state"):
-        return 0.0
-    return max(UNIT_ROUNDOFF[stored], UNIT_ROUNDOFF[torch.bfloat16] if precision == "bf16" else 0.0)
-
-
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
 def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tmp_path, config):
     dtype, w_fp32, precision = CONFIGS[config]
@@ -51,10 +43,7 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
     gen = torch.Generator().manual_seed(seed)
     runs = []
     for c, decay, d, x, cu, s0, n_seqs in wkv7_cases(tmp_path, config, gen):
-        grad_y = torch.randn(x["r"].shape, generator=gen).to(dtype)
-        grad_final = torch.randn(n_seqs, c["heads"], c["n"], c["n"], generator=gen)
-        write_raw(grad_y, d / "grad_y.bin")
-        write_raw(grad_final, d / "grad_final_state.bin")
+        grad_y, grad_final = write_wkv7_cotangents(d, x, n_seqs, gen)
         runs.append((c, decay, d, x, cu, s0, n_seqs, grad_y, grad_final))
     run = subprocess.run([driver, *(str(r[2]) for r in runs)], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"seed {seed}: {run.stderr[-4000:]}"
@@ -65,8 +54,7 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
         state_shape = (n_seqs, c["heads"], n, n)
         got = {"y": read_raw(d / "y.bin", dtype, shape),
                "final_state": read_raw(d / "final_state.bin", torch.float32, state_shape)}
-        got.update({f"d{name}": read_raw(d / f"grad_{name}.bin", x[name].dtype, shape) for name in WKV7_NAMES})
-        got["dinitial_state"] = read_raw(d / "grad_initial_state.bin", torch.float32, state_shape)
+        got.update(read_wkv7_gradients(d, x, n_seqs))
         for name, value in got.items():
             assert not value.isnan().any(), f"{where}: {name} has elements the kernels never wrote"
 
@@ -82,7 +70,7 @@ def test_forward_and_backward_kernels_on_host_match_cpu_twin_and_fp64(driver, tm
         if s0 is not None:
             twin["dinitial_state"] = twin_grads[6]
         for name in twin:
-            u = _unit_roundoff(name, got[name].dtype, precision)
+            u = output_unit_roundoff(name, got[name].dtype, precision)
             for what, want, bound in (("cpu twin", twin[name], FP32_BOUND + 0.25 * u),
                                       ("fp64", ref[name], FP32_BOUND + u)):
                 err = rel_rms(got[name], want)
