@@ -225,9 +225,10 @@ def test_cuda_token_loop_with_a_nested_loop_counts_its_trips():
         model.token_iteration(kernel, dataclasses.replace(workload, cuda_token_loops=((1, 0),)))
 
 
-def test_one_chunk_program_takes_each_loop_its_trips():
+def test_program_with_one_trip_count_takes_it_per_loop():
     """The chunked Triton backward's gradient kernel: a program is one chunk, its k-slice loops run N / 16 times, and
-    the v-slice loop nested in the last one N / 16 times per k slice: (N / 16)^2 in all."""
+    the v-slice loop nested in the last one N / 16 times per k slice: (N / 16)^2 in all. The CUDA gradients kernel
+    names each loop's trips instead."""
     from tools.static_report import model
 
     def loop(address, static, work, inner=()):
@@ -238,8 +239,12 @@ def test_one_chunk_program_takes_each_loop_its_trips():
     kernel = kernels.Kernel("k", "triton", "m", "k", 128, 0, 0, 0, 0, 256, sass.Path(100), [first, second, nested],
                             [last])
     # The work path (100) takes every body once; 4 trips add 3 more of each and 15 more of the nested body.
-    assert model.one_chunk_program(kernel, 4).instructions == 100 + 3 * (10 + 6 + 25) + 15 * 5
-    assert model.one_chunk_program(kernel, 1).instructions == 100
+    assert model.program_with_loop_trips(kernel, 4).instructions == 100 + 3 * (10 + 6 + 25) + 15 * 5
+    assert model.program_with_loop_trips(kernel, 1).instructions == 100
+    # Trips per loop in address order: the nested loop's 4 per iteration of `last` (3 trips) make 12 in all.
+    assert model.program_with_loop_trips(kernel, (1, 2, 3, 4)).instructions == 100 + 1 * 6 + 2 * 25 + 11 * 5
+    with pytest.raises(LookupError, match="4 loops, the model names trips for 3"):
+        model.program_with_loop_trips(kernel, (1, 2, 3))
 
 
 def _declared_threads(source: str) -> dict:

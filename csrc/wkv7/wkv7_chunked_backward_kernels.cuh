@@ -24,6 +24,15 @@
 namespace ropewkv::cuda {
 namespace wkv7_chunked_detail {
 
+// x, as a value the compiler cannot match with one it computed before: addresses formed from it are formed again,
+// where keeping the earlier ones live would spill registers.
+__device__ __forceinline__ int64_t opaque(int64_t x) {
+#ifdef __CUDA_ARCH__
+  asm volatile("" : "+l"(x));
+#endif
+  return x;
+}
+
 // W = (I - Ab)^{-1} A~ and R' = R~ + Qb W in place of A~ and R~, column j: forward substitution, no division.
 template <int N>
 __device__ __forceinline__ void substitute_rows(Shared<N>& sm, int j) {
@@ -214,14 +223,10 @@ __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, T
     for (int l = 0; l < kL; ++l) {
       u[l] = sm.u[vi][l];
       vv[l] = sm.v[vi][l];
-#pragma unroll
-      for (int m4 = 0; m4 < l; m4 += 4) {  // row l of Ab, Ak, 4 entries at a time (those past m < l unused)
-        const Float4 ab = load4(&c.Ab[l][m4]), ak = load4(&c.Ak[l][m4]);
-#pragma unroll
-        for (int e = 0; e < 4 && m4 + e < l; ++e) u[l] = fmaf(ab.x[e], u[m4 + e], fmaf(ak.x[e], vv[m4 + e], u[l]));
-      }
-      sm.u[vi][l] = u[l];
     }
+    substitute_u(u, vv, c);  // the forward's
+#pragma unroll
+    for (int l = 0; l < kL; ++l) sm.u[vi][l] = u[l];
   } else if (t / 32 == 1) {
     // Row m of Qb, Qk, Ab, Ak at a time, m descending: dX[m] is complete once row m's Qb term is in (the later rows'
     // terms came first), and dV[m] once row m's Qk term is.
@@ -437,7 +442,8 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
     contract_rows(sm, v_first == 0, t);
   }
   __syncthreads();  // the contractions are in; the scaled rows are read no more
-  load_chunk<N, io_t, w_t, P>(sm.chunk, p, at, q, len, t);
+  // (At N = 128 a thread loads 16 rows. Their addresses, kept from the first load_chunk, spilled: 84 B with fp32 w.)
+  load_chunk<N, io_t, w_t, P>(sm.chunk, p, at, N == 128 ? opaque(q) : q, len, t);
   __syncthreads();
   if (t < N) column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
 }

@@ -2,7 +2,7 @@
 // The host launches of the chunked WKV7 backward's two kernels (wkv7_chunked_backward_kernels.cuh, kept free of
 // launch syntax for the host emulator), instantiated per head size by wkv7_chunked_backward_n*.cu.
 #include "wkv7_chunked_backward_kernels.cuh"
-#include "wkv7_launch.cuh"  // dispatch_io_w
+#include "wkv7_launch.cuh"  // dispatch_wkv7
 
 namespace ropewkv::cuda {
 
@@ -16,21 +16,17 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
   constexpr int kVS = kValueSlice<N, Precision::kFP32>;  // fp32 FMAs in both modes
   constexpr int kShared = int(sizeof(GradientShared<N>));
   cudaError_t status = cudaSuccess;
-  const cudaError_t dispatched = dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {
+  const cudaError_t dispatched = dispatch_wkv7<W>(dtype, precision, [&](auto io_tag, auto w_tag, auto mode) {
     using io_t = decltype(io_tag);
     using w_t = decltype(w_tag);
-    const auto launch = [&]<Precision P>() {
-      chunked_state_cotangent_kernel<N, kVS, io_t, w_t, P><<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
-      if (windows == 0) return;
-      status = cudaFuncSetAttribute(chunked_gradients_kernel<N, io_t, w_t, P>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
-      if (status == cudaSuccess) chunked_gradients_kernel<N, io_t, w_t, P><<<unsigned(windows), kThreads, kShared, stream>>>(p);
-    };
-    if (precision == Precision::kBF16) {
-      launch.template operator()<Precision::kBF16>();
-    } else {
-      launch.template operator()<Precision::kFP32>();
-    }
+    constexpr Precision P = decltype(mode)::value;
+    chunked_state_cotangent_kernel<N, kVS, io_t, w_t, P><<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
+    if (windows == 0) return;
+    // Set on every call, as the attribute belongs to the current device's context (a once-only flag would miss the
+    // second GPU of a process); it is host work of about a microsecond.
+    status = cudaFuncSetAttribute(chunked_gradients_kernel<N, io_t, w_t, P>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
+    if (status == cudaSuccess) chunked_gradients_kernel<N, io_t, w_t, P><<<unsigned(windows), kThreads, kShared, stream>>>(p);
   });
   return dispatched != cudaSuccess ? dispatched : status;
 }

@@ -236,6 +236,21 @@ __device__ __forceinline__ void invert_unit_lower(Shared<N>& sm, int j) {
   }
 }
 
+// U = U0 + Ab U + Ak V for one value row (u: U0 in, U out; vv: V), by forward substitution: I - Ab is unit lower
+// triangular, so no division. Rows of Ab, Ak are read 4 entries at a time; the entries past the mask are never used.
+template <int N>
+__device__ __forceinline__ void substitute_u(float (&u)[kL], const float (&vv)[kL], const Shared<N>& sm) {
+#pragma unroll
+  for (int l = 1; l < kL; ++l) {
+#pragma unroll
+    for (int m4 = 0; m4 < l; m4 += 4) {
+      const Float4 ab = load4(&sm.Ab[l][m4]), ak = load4(&sm.Ak[l][m4]);
+#pragma unroll
+      for (int e = 0; e < 4 && m4 + e < l; ++e) u[l] = fmaf(ab.x[e], u[m4 + e], fmaf(ak.x[e], vv[m4 + e], u[l]));
+    }
+  }
+}
+
 // precision="fp32": the block's VS value rows of the state as fp32 FMAs. Thread t owns value row v of the slice
 // (kSegs threads per row, in one warp, kVPerWarp rows per warp) and k columns j = 4 (kSegs g + seg) + e, g < kGroups,
 // e < 4: 16-byte shared loads, consecutive segments on consecutive lanes (no bank conflict), the row sums reduced by
@@ -306,18 +321,9 @@ struct SimtSlice {
       u[l] = lane_sum<kVPerWarp, 32>(u[l]);
       yv[l] = lane_sum<kVPerWarp, 32>(yv[l]);
     }
-    // U = U0 + Ab U + Ak V: forward substitution (I - Ab is unit lower triangular: no division).
-    // (Rows of Ab, Ak, Qb, Qk are read 4 entries at a time; the entries past the mask are never used.)
-#pragma unroll
-    for (int l = 1; l < kL; ++l) {
-#pragma unroll
-      for (int m4 = 0; m4 < l; m4 += 4) {
-        const Float4 ab = load4(&sm.Ab[l][m4]), ak = load4(&sm.Ak[l][m4]);
-#pragma unroll
-        for (int e = 0; e < 4 && m4 + e < l; ++e) u[l] = fmaf(ab.x[e], u[m4 + e], fmaf(ak.x[e], vv[m4 + e], u[l]));
-      }
-    }
-    // Y = Y0 + Qb U + Qk V; each of the row's kSegs lanes stores every kSegs-th token.
+    substitute_u(u, vv, sm);
+    // Y = Y0 + Qb U + Qk V (rows of Qb, Qk read as substitute_u reads Ab, Ak); each of the row's kSegs lanes stores
+    // every kSegs-th token.
 #pragma unroll
     for (int l = 0; l < kL; ++l) {
 #pragma unroll

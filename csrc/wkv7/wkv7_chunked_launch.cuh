@@ -2,7 +2,7 @@
 // The host launch of the chunked WKV7 forward kernel (wkv7_chunked_kernels.cuh, kept free of launch syntax for the
 // host emulator), instantiated per head size by wkv7_chunked_n*.cu.
 #include "wkv7_chunked_kernels.cuh"
-#include "wkv7_launch.cuh"  // dispatch_io_w
+#include "wkv7_launch.cuh"  // dispatch_wkv7
 
 namespace ropewkv::cuda {
 
@@ -11,19 +11,11 @@ cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7For
   const int64_t tasks = p.size.n_seqs * p.size.heads;  // grid axis 0 (axis 1, capped at 65,535, holds the slices)
   if (tasks == 0) return cudaSuccess;
   if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {
-    using io_t = decltype(io_tag);
-    using w_t = decltype(w_tag);
-    using namespace wkv7_chunked_detail;
-    if (precision == Precision::kBF16) {
-      constexpr int kVS = kValueSlice<N, Precision::kBF16>;
-      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kBF16>
-          <<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
-    } else {
-      constexpr int kVS = kValueSlice<N, Precision::kFP32>;
-      chunked_forward_kernel<N, kVS, io_t, w_t, Precision::kFP32>
-          <<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
-    }
+  return dispatch_wkv7<W>(dtype, precision, [&](auto io_tag, auto w_tag, auto mode) {
+    constexpr Precision P = decltype(mode)::value;
+    constexpr int kVS = wkv7_chunked_detail::kValueSlice<N, P>;
+    wkv7_chunked_detail::chunked_forward_kernel<N, kVS, decltype(io_tag), decltype(w_tag), P>
+        <<<dim3(unsigned(tasks), N / kVS), wkv7_chunked_detail::kThreads, 0, stream>>>(p);
   });
 }
 

@@ -5,16 +5,24 @@
 
 namespace ropewkv::cuda {
 
-// Calls launch(io_t{}, w_t{}) for the storage types of r..b (named by `dtype`) and of w (named by W), then returns
-// the launch status. fp32 I/O has no separate fp32-w instantiation (that pair is DecayStorage::kIO).
+// Calls launch(io_t{}, w_t{}, mode) for the storage types of r..b (named by `dtype`) and of w (named by W) and the
+// precision mode (decltype(mode)::value), then returns the launch status. fp32 I/O has no separate fp32-w
+// instantiation (that pair is DecayStorage::kIO).
 template <DecayStorage W, typename F>
-cudaError_t dispatch_io_w(DType dtype, F&& launch) {
+cudaError_t dispatch_wkv7(DType dtype, Precision precision, F&& launch) {
+  const auto with_mode = [&](auto io_tag, auto w_tag) {
+    if (precision == Precision::kBF16) {
+      launch(io_tag, w_tag, std::integral_constant<Precision, Precision::kBF16>{});
+    } else {
+      launch(io_tag, w_tag, std::integral_constant<Precision, Precision::kFP32>{});
+    }
+  };
   if constexpr (W == DecayStorage::kIO) {
-    return dispatch_io(dtype, [&](auto tag) { launch(tag, tag); });
+    return dispatch_io(dtype, [&](auto tag) { with_mode(tag, tag); });
   } else {
     if (dtype == DType::kFloat32) return cudaErrorInvalidValue;
     return dispatch_io(dtype, [&](auto tag) {
-      if constexpr (!std::is_same_v<decltype(tag), float>) launch(tag, float{});
+      if constexpr (!std::is_same_v<decltype(tag), float>) with_mode(tag, float{});
     });
   }
 }
@@ -27,14 +35,9 @@ cudaError_t dispatch_io_w(DType dtype, F&& launch) {
     const int64_t blocks = (BLOCKS);                                                                         \
     if (blocks == 0) return cudaSuccess;                                                                     \
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;                                           \
-    return dispatch_io_w<W>(dtype, [&](auto io_tag, auto w_tag) {                                            \
-      using io_t = decltype(io_tag);                                                                         \
-      using w_t = decltype(w_tag);                                                                           \
-      if (precision == Precision::kBF16) {                                                                   \
-        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kBF16><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
-      } else {                                                                                               \
-        wkv7_detail::KERNEL<N, io_t, w_t, Precision::kFP32><<<unsigned(blocks), THREADS, 0, stream>>>(p);    \
-      }                                                                                                      \
+    return dispatch_wkv7<W>(dtype, precision, [&](auto io_tag, auto w_tag, auto mode) {                      \
+      wkv7_detail::KERNEL<N, decltype(io_tag), decltype(w_tag), decltype(mode)::value>                        \
+          <<<unsigned(blocks), THREADS, 0, stream>>>(p);                                                     \
     });                                                                                                      \
   }
 

@@ -340,26 +340,13 @@ def chunk_iteration(kernel, workload: Workload) -> Path:
     return outer.work + _times(more, workload.inner_trips - 1)
 
 
-def one_chunk_program(kernel, trips: int) -> Path:
-    """A program whose work is one chunk: its work path with every loop taken `trips` times per iteration of the
-    code around it (a loop nested d deep: trips^d times in all)."""
-    def around(loop) -> int:  # the outer loops it is nested in (one holds another's innermost loops, and more code)
-        mine = {id(i) for i in loop.inner} or {id(loop)}
-        return sum(1 for other in kernel.outer_loops if other is not loop
-                   and mine <= {id(i) for i in other.inner} and other.instructions > loop.instructions)
-
-    total = kernel.work
-    for loop in kernel.loops + kernel.outer_loops:
-        body = sum((_times(inner.work, -1) for inner in loop.inner), start=loop.work)  # without its nested loops
-        total = total + _times(body, trips ** (1 + around(loop)) - 1)
-    return total
-
-
-def program_with_loop_trips(kernel, trips: tuple) -> Path:
+def program_with_loop_trips(kernel, trips: tuple | int) -> Path:
     """A program's work path with each loop (kernel.loops and kernel.outer_loops in address order) taken trips[i]
-    times per iteration of the code around it: a loop's own body (without the loops nested in it) counted the product
-    of its trips and those of every loop around it."""
+    times per iteration of the code around it (or every loop `trips` times): a loop's own body (without the loops
+    nested in it) counted the product of its trips and those of every loop around it."""
     loops = sorted(kernel.loops + kernel.outer_loops, key=lambda loop: loop.address)
+    if isinstance(trips, int):
+        trips = (trips,) * len(loops)
     if len(loops) != len(trips):
         raise LookupError(f"{kernel.key}: {len(loops)} loops, the model names trips for {len(trips)}; update "
                           "tools/static_report/model.py to the kernel as it is now")
@@ -452,12 +439,9 @@ def predict(kernel, workload: Workload) -> Prediction:
         high = sum(max(w, FMA_LATENCY) * per_step.instructions + DRAM_LATENCY for w in waves)
         chain = (steps * low / CLOCK_HZ, steps * high / CLOCK_HZ)
         per_token = Path(instructions=round(per_step.instructions * steps / workload.tokens))
-    elif workload.cuda_loop_trips and not triton:
+    elif loop_trips := (workload.cuda_loop_trips if not triton else ()) or workload.loop_trips:
         per_token, chain, scratch = None, None, 0
-        thread_instructions = program_with_loop_trips(kernel, workload.cuda_loop_trips).instructions * blocks * threads
-    elif workload.loop_trips:
-        per_token, chain, scratch = None, None, 0
-        thread_instructions = one_chunk_program(kernel, workload.loop_trips).instructions * blocks * threads
+        thread_instructions = program_with_loop_trips(kernel, loop_trips).instructions * blocks * threads
     else:
         per_token, chain, scratch = None, None, 0
         share = workload.written / (blocks * threads)  # output bytes one thread stores
