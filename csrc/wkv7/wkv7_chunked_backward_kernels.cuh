@@ -11,8 +11,9 @@
 //    checkpoint, or the initial state) and the G after it (pass 1's next slot, or the final state's cotangent):
 //    every chunk at once.
 // Chunks, rows past a chunk and the v-independent part (loads, decays, masked products, scaled rows) are the
-// forward's (wkv7_chunked_kernels.cuh). Math in fp32 FMAs in both precision modes (the bf16 mode rounds the I/O as
-// everywhere); nothing is divided, and every decay between two positions is a running product over that range.
+// forward's (wkv7_chunked_kernels.cuh). Math in fp32 FMAs, except that in precision="bf16" (which rounds the I/O as
+// everywhere) the gradients kernel's row products and contractions over v run on bf16 tensor cores with the forward's
+// hi/lo split; nothing is divided, and every decay between two positions is a running product over that range.
 #include "wkv7_chunked_kernels.cuh"
 
 // The block's dynamic shared memory (16-byte aligned, sized at launch): the gradients kernel's passes need more than
@@ -142,8 +143,10 @@ struct GradientShared {
   // for the substitutions. Rows kL + 1 floats apart: a lane per row walks them without bank conflicts.
   static constexpr int kRowL = kL + 1;
   float u[kRows][kRowL], dx[kRows][kRowL], dy[kRows][kRowL], v[kRows][kRowL], dv[kRows][kRowL];
-  // Summed over the passes: dA~, dR~, dB^, dK^, the masked products' cotangents, sum_v S_0 G per k.
-  alignas(16) float dA[kL][N], dR[kL][N], dB[kL][N], dK[kL][N];
+  // Summed over the passes: dA~, dR~, dB^, dK^, the masked products' cotangents, sum_v S_0 G per k. Rows N + 8
+  // apart: the tensor-core contraction's 8-byte accesses to rows g = 0..7 then fall on distinct banks.
+  static constexpr int kSumRow = N + 8;
+  alignas(16) float dA[kL][kSumRow], dR[kL][kSumRow], dB[kL][kSumRow], dK[kL][kSumRow];
   alignas(16) float dAb[kL][kL], dAk[kL][kL], dQb[kL][kL], dQk[kL][kL];
   alignas(16) float de[N];
 };
@@ -196,6 +199,144 @@ __device__ __forceinline__ void row_products(const float* row, const float (&M)[
   }
 }
 
+// precision="bf16": the row products and the contractions over v on tensor cores (mma.sync m16n8k16, bf16 operands,
+// fp32 accumulate; ropewkv/mma_bf16.cuh, lane = 4 g + tq), every fp32 operand split into hi/lo bf16 (three
+// products), V and dY exact in bf16 in this mode (one part).
+
+// U0 = S_0 A~^T, B^ G^T and K^ G^T for the pass's value rows, as [v][l] products (M = 16 value rows, N = 8 chunk
+// rows, K = 16 columns of k) into sm.u, sm.dx and sm.dv: a job per 16 value rows and product, the warps in turn.
+template <int N>
+__device__ __forceinline__ void row_products_mma(GradientShared<N>& sm, int t) {
+  constexpr int kMTiles = GradientRows<N>::kRows / 16;
+  const int g = t % 32 / 4, tq = t % 4;
+  const Shared<N>& c = sm.chunk;
+#pragma unroll 1
+  for (int job = t / 32; job < 3 * kMTiles; job += kThreads / 32) {
+    const int v0 = 16 * (job % kMTiles), product = job / kMTiles;
+    const auto& rows = product == 0 ? sm.s0 : sm.g;
+    const auto& M = product == 0 ? c.a : product == 1 ? c.b : c.k;
+    auto& out = product == 0 ? sm.u : product == 1 ? sm.dx : sm.dv;
+    float d[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      uint32_t a_hi[4], a_lo[4];  // A register i: rows[v0 + g + 8 (i % 2)][16 kk + 2 tq + 8 (i / 2), + 1]
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const mma::Split x = split2(&rows[v0 + g + 8 * (i % 2)][16 * kk + 2 * tq + 8 * (i / 2)]);
+        a_hi[i] = x.hi, a_lo[i] = x.lo;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t b_hi[2], b_lo[2];  // B register h: M[8 nt + g][16 kk + 2 tq + 8 h, + 1]
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const mma::Split m = split2(&M[8 * nt + g][16 * kk + 2 * tq + 8 * h]);
+          b_hi[h] = m.hi, b_lo[h] = m.lo;
+        }
+        mma::mma_split(d[nt], a_hi, a_lo, b_hi, b_lo);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2] = d[nt][i];
+  }
+}
+
+// The contractions over the pass's value rows (K = 16 value rows a step), added to the sums in shared memory (set on
+// the first pass): dA~ += dX^T S_0, dR~ += dY^T S_0, dB^ += U^T G, dK^ += V^T G ([L][N], warp w the 8-column tiles
+// w, w + 4, ...), and warp w's one of dQb = dY^T U, dQk = dY^T V, dAb = dX^T U, dAk = dX^T V ([L][L]). The A
+// fragments of every step first, then a tile at a time (at N = 128, all tiles' sums at once spilled). sum_v S_0 G per
+// k stays on the FMA pipes (threads t < N).
+template <int N>
+__device__ __forceinline__ void contract_rows_mma(GradientShared<N>& sm, bool first, int t) {
+  constexpr int kWarps = kThreads / 32, kTiles = N / 8 / kWarps, kSteps = GradientRows<N>::kRows / 16;
+  static_assert(kWarps == 4 && kTiles * kWarps * 8 == N, "four warps: one [L][L] product each, whole column tiles");
+  const int warp = t / 32, g = t % 32 / 4, tq = t % 4;
+  // A fragments of dX^T, U^T (split) and dY^T, V^T (exact), register i: [l = g + 8 (i % 2)][v, v + 1], v =
+  // 16 step + 2 tq + 8 (i / 2).
+  uint32_t dx_hi[kSteps][4], dx_lo[kSteps][4], u_hi[kSteps][4], u_lo[kSteps][4], dy[kSteps][4], vv[kSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int l = g + 8 * (i % 2), v = 16 * ks + 2 * tq + 8 * (i / 2);
+      const mma::Split x = mma::split_bf16x2(sm.dx[v][l], sm.dx[v + 1][l]);
+      const mma::Split u = mma::split_bf16x2(sm.u[v][l], sm.u[v + 1][l]);
+      dx_hi[ks][i] = x.hi, dx_lo[ks][i] = x.lo, u_hi[ks][i] = u.hi, u_lo[ks][i] = u.lo;
+      dy[ks][i] = mma::pack_bf16x2(sm.dy[v][l], sm.dy[v + 1][l]);
+      vv[ks][i] = mma::pack_bf16x2(sm.v[v][l], sm.v[v + 1][l]);
+    }
+  // C tile element i: row g + 8 (i / 2), the tile's column 2 tq + i % 2.
+  float(*sums[4])[GradientShared<N>::kSumRow] = {sm.dA, sm.dR, sm.dB, sm.dK};
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+    const int k0 = 8 * (warp + kWarps * n);
+    float acc[4][4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[s][i] = first ? 0.f : sums[s][g + 8 * (i / 2)][k0 + 2 * tq + i % 2];
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      uint32_t s_hi[2], s_lo[2], g_hi[2], g_lo[2];  // B fragments of S_0, G, register h: [v, v + 1][k0 + g]
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int v = 16 * ks + 2 * tq + 8 * h;
+        const mma::Split s0 = mma::split_bf16x2(sm.s0[v][k0 + g], sm.s0[v + 1][k0 + g]);
+        const mma::Split gv = mma::split_bf16x2(sm.g[v][k0 + g], sm.g[v + 1][k0 + g]);
+        s_hi[h] = s0.hi, s_lo[h] = s0.lo, g_hi[h] = gv.hi, g_lo[h] = gv.lo;
+      }
+      mma::mma_split(acc[0], dx_hi[ks], dx_lo[ks], s_hi, s_lo);
+      mma::mma_exact_a(acc[1], dy[ks], s_hi, s_lo);
+      mma::mma_split(acc[2], u_hi[ks], u_lo[ks], g_hi, g_lo);
+      mma::mma_exact_a(acc[3], vv[ks], g_hi, g_lo);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sums[s][g + 8 * (i / 2)][k0 + 2 * tq + i % 2] = acc[s][i];
+  }
+  // The warp's [L][L] product, B = U (split: warps 0, 2) or V (exact: warps 1, 3), register h: [v, v + 1][m].
+  float(*masked)[kL] = warp == 0 ? sm.dQb : warp == 1 ? sm.dQk : warp == 2 ? sm.dAb : sm.dAk;
+  const auto& B = warp % 2 == 0 ? sm.u : sm.v;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int m = 8 * nt + g;
+    float mm[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mm[i] = first ? 0.f : masked[g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2];
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      uint32_t b_hi[2], b_lo[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int v = 16 * ks + 2 * tq + 8 * h;
+        const mma::Split b = mma::split_bf16x2(B[v][m], B[v + 1][m]);
+        b_hi[h] = b.hi, b_lo[h] = b.lo;
+      }
+      if (warp == 0) {
+        mma::mma_exact_a(mm, dy[ks], b_hi, b_lo);
+      } else if (warp == 1) {
+        mma::mma_bf16(mm, dy[ks], b_hi);
+      } else if (warp == 2) {
+        mma::mma_split(mm, dx_hi[ks], dx_lo[ks], b_hi, b_lo);
+      } else {
+        mma::mma_bf16(mm, dx_lo[ks], b_hi);
+        mma::mma_bf16(mm, dx_hi[ks], b_hi);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) masked[g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2] = mm[i];
+  }
+  if (t < N) {
+    float de = first ? 0.f : sm.de[t];
+#pragma unroll
+    for (int v = 0; v < GradientRows<N>::kRows; ++v) de = fmaf(sm.s0[v][t], sm.g[v][t], de);
+    sm.de[t] = de;
+  }
+}
+
 // The row-wise part: U = (I - Ab)^{-1} (A~ S_0^T + Ak V), dU = B^ G^T + Qb^T dY, dX = (I - Ab)^{-T} dU (back
 // substitution), dV = K^ G^T + Qk^T dY + Ak^T dX; dv stored, U and dX into shared memory for the contractions.
 // First the products with S_0 and G (thread: value row vi, segment seg of k), then the substitutions with a lane per
@@ -208,7 +349,9 @@ __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, T
   constexpr int kSegs = Rows::kSegs;
   static_assert(Rows::kRows <= 32 && kThreads >= 64, "a lane per value row in each of two warps");
   const Shared<N>& c = sm.chunk;
-  {
+  if constexpr (P == Precision::kBF16) {
+    row_products_mma(sm, t);
+  } else {
     const int vi = t / kSegs, seg = t % kSegs;
     row_products<N>(sm.s0[vi], c.a, sm.u[vi], seg);  // A~ S_0^T
     row_products<N>(sm.g[vi], c.b, sm.dx[vi], seg);  // B^ G^T
@@ -275,7 +418,7 @@ __device__ __forceinline__ void contract_rows(GradientShared<N>& sm, bool first,
   const int lm = t / 8, m0 = 2 * (t % 8);
   float acc[4][kLq][4] = {}, de[4] = {};
   float mm[4][2] = {};  // dQb, dQk, dAb, dAk at (lm, m0), (lm, m0 + 1)
-  float(*sums[4])[N] = {sm.dA, sm.dR, sm.dB, sm.dK};
+  float(*sums[4])[GradientShared<N>::kSumRow] = {sm.dA, sm.dR, sm.dB, sm.dK};
   float(*masked[4])[kL] = {sm.dQb, sm.dQk, sm.dAb, sm.dAk};
   if (!first) {
 #pragma unroll
@@ -439,7 +582,11 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
     __syncthreads();
     row_gradients<N, io_t, P>(sm, gv, at, q, len, v_first, t);
     __syncthreads();
-    contract_rows(sm, v_first == 0, t);
+    if constexpr (P == Precision::kBF16) {
+      contract_rows_mma(sm, v_first == 0, t);
+    } else {
+      contract_rows(sm, v_first == 0, t);
+    }
   }
   __syncthreads();  // the contractions are in; the scaled rows are read no more
   // (At N = 128 a thread loads 16 rows. Their addresses, kept from the first load_chunk, spilled: 84 B with fp32 w.)

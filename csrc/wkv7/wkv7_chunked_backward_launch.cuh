@@ -13,7 +13,7 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
   const int64_t tasks = p.size.n_seqs * p.size.heads, windows = p.size.batch * p.size.chunks * p.size.heads;
   if (tasks == 0) return cudaSuccess;
   if (tasks > 0x7fffffff || windows > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  constexpr int kVS = kValueSlice<N, Precision::kFP32>;  // fp32 FMAs in both modes
+  constexpr int kVS = kValueSlice<N, Precision::kFP32>;  // pass 1: fp32 FMAs in both modes
   constexpr int kShared = int(sizeof(GradientShared<N>));
   cudaError_t status = cudaSuccess;
   const cudaError_t dispatched = dispatch_wkv7<W>(dtype, precision, [&](auto io_tag, auto w_tag, auto mode) {

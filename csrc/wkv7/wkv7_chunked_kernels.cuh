@@ -79,6 +79,12 @@ struct alignas(16) Float4 {
 
 __device__ __forceinline__ Float4 load4(const float* p) { return *reinterpret_cast<const Float4*>(p); }
 
+// Two adjacent fp32 values (8-byte aligned) as one bf16x2 split (mma fragments' register pairs).
+__device__ __forceinline__ mma::Split split2(const float* p) {
+  const float2 x = *reinterpret_cast<const float2*>(p);
+  return mma::split_bf16x2(x.x, x.y);
+}
+
 // The sum of x over the lanes whose index differs in the bits of [from, to) (masks from, 2 from, ... < to).
 template <int kFrom, int kTo>
 __device__ __forceinline__ float lane_sum(float x) {

@@ -190,14 +190,17 @@ def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = Fal
                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17)
 
 
-def _wkv7_chunked_backward(heads: int, n: int, constants: dict) -> list:
-    """The chunked CUDA backward (csrc/wkv7/wkv7_chunked_backward_kernels.cuh), fp32 FMAs in both modes: the state
-    cotangent pass (a chunked kernel as the forward, the masked-product loop 17 times per chunk; r, w, k, a, b, dy in,
+def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: bool = False) -> list:
+    """The chunked CUDA backward (csrc/wkv7/wkv7_chunked_backward_kernels.cuh): the state cotangent pass (a chunked
+    kernel as the forward, fp32 FMAs in both modes, the masked-product loop 17 times per chunk; r, w, k, a, b, dy in,
     the cotangent before each chunk out, shaped as the checkpoints) and the gradients kernel (a block per chunk and
-    head; r..b, dy, the checkpoints and the cotangents in, six gradients out). Its loops, in address order: the
-    search for the window's first sequence (no trips without cu_seqlens), the pieces of sequences in the window (1),
-    the masked products (17), the passes over the value rows (N / rows), each pass's loads of S_0 and G rows
-    (rows x N / 128 per thread, unrolled by 4) and its contraction over the rows."""
+    head; r..b, dy, the checkpoints and the cotangents in, six gradients out). The gradients kernel's loops, in address
+    order: the search for the window's first sequence (no trips without cu_seqlens), the pieces of sequences in the
+    window (1), the masked products (17), the passes over the value rows (N / rows), each pass's loads of S_0 and G
+    rows (rows x N / 128 per thread, unrolled by 4), then its contraction over the rows (fp32 mode) or, in
+    precision="bf16" (its row products and contractions on tensor cores, each HMMA one issue slot), its row-product
+    jobs (3 per 16 rows, the 4 warps taking them in turn: the mean per warp). low_precision: the gradients kernel's
+    bf16 mode only (the state pass is the same kernel in both)."""
     sequential = _wkv7(True, heads, n, constants)
     sizes = constants["head_sizes"][str(n)]
     b, t = 8, 4096
@@ -207,18 +210,22 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict) -> list:
     slice_rows, rows = sizes["chunked_value_slice"], sizes["chunked_gradient_rows"]
     title = f"B{b} T{t} H{heads} N{n} bf16"
     units = dict(unit="token-head", units=sequential.units)
-    row_loads = rows * n // constants["chunked_threads"] // 4
+    threads = constants["chunked_threads"]
+    row_loads = rows * n // threads // 4
+    last_loop = 3 * (rows // 16) / (threads // 32) if low_precision else rows
+    mode = "kBF16" if low_precision else "kFP32"
+    gradients = Workload(f"WKV7 chunked bwd gradients{' (bf16 mode)' if low_precision else ''} {title}",
+                         read=7 * tensor + 2 * cotangents, written=6 * tensor, blocks=b * t // CHECKPOINT_EVERY * heads,
+                         cuda=(f"chunked_gradients_kernel<{n}, bf16_t, bf16_t, {mode}>",), cuda_threads=threads,
+                         cuda_dynamic_shared=sizes["chunked_gradient_shared"],
+                         cuda_loop_trips=(0, 1, 17, n // rows, row_loads, row_loads, last_loop), **units)
+    if low_precision:
+        return [gradients]
     return [Workload(f"WKV7 chunked bwd state pass {title}", read=6 * tensor, written=cotangents + state,
                      blocks=b * heads * (n // slice_rows), cuda=(
                          f"chunked_state_cotangent_kernel<{n}, {slice_rows}, bf16_t, bf16_t, kFP32>",),
-                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17,
-                     **units),
-            Workload(f"WKV7 chunked bwd gradients {title}", read=7 * tensor + 2 * cotangents, written=6 * tensor,
-                     blocks=b * t // CHECKPOINT_EVERY * heads,
-                     cuda=(f"chunked_gradients_kernel<{n}, bf16_t, bf16_t, kFP32>",),
-                     cuda_threads=constants["chunked_threads"],
-                     cuda_dynamic_shared=sizes["chunked_gradient_shared"],
-                     cuda_loop_trips=(0, 1, 17, n // rows, row_loads, row_loads, rows), **units)]
+                     cuda_threads=threads, tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17, **units),
+            gradients]
 
 
 def _wkv7_chunked_triton(heads: int, n: int) -> list:
@@ -280,6 +287,8 @@ def workloads(constants: dict) -> list:
             _wkv7_chunked(64, 64, constants), _wkv7_chunked(32, 128, constants),
             _wkv7_chunked(64, 64, constants, low_precision=True), _wkv7_chunked(32, 128, constants, low_precision=True),
             *_wkv7_chunked_backward(64, 64, constants), *_wkv7_chunked_backward(32, 128, constants),
+            *_wkv7_chunked_backward(64, 64, constants, low_precision=True),
+            *_wkv7_chunked_backward(32, 128, constants, low_precision=True),
             *_wkv7_chunked_triton(64, 64),
             *_wkv7_chunked_triton(32, 128), _decode(), _log_decay(False),
             _log_decay(True)]
