@@ -2,7 +2,8 @@
 // CUDA kernels of the chunked WKV7 backward (ropewkv::wkv7_chunked_backward), from python/ropewkv/ops/rwkv7/
 // chunked.md, "Backward, one chunk" (its symbols below), in two launches as the Triton twin's:
 // 1. chunked_state_cotangent_kernel, a block per (sequence, head, slice of VS value rows), walks each sequence's
-//    chunks in reverse carrying the slice's rows of G = dL/dS in registers:
+//    chunks in reverse carrying the slice's rows of G = dL/dS in registers (as the forward's SimtSlice, or MmaSlice
+//    in precision="bf16"):
 //      G <- G diag(E(L, 0)) + (G B^^T) W + dY^T R',   W = (I - Ab)^{-1} A~,  R' = R~ + Qb W
 //    (the forward's state step with other matrices), and stores the G before every chunk that starts past its
 //    sequence's start (slot q / 16, shaped as the checkpoints) and before the first (the initial state's gradient).
@@ -12,8 +13,9 @@
 //    every chunk at once.
 // Chunks, rows past a chunk and the v-independent part (loads, decays, masked products, scaled rows) are the
 // forward's (wkv7_chunked_kernels.cuh). Math in fp32 FMAs, except that in precision="bf16" (which rounds the I/O as
-// everywhere) the gradients kernel's row products and contractions over v run on bf16 tensor cores with the forward's
-// hi/lo split; nothing is divided, and every decay between two positions is a running product over that range.
+// everywhere) pass 1's state step and the gradients kernel's row products and contractions over v run on bf16 tensor
+// cores with the forward's hi/lo split; nothing is divided, and every decay between two positions is a running
+// product over that range.
 #include "wkv7_chunked_kernels.cuh"
 
 // The block's dynamic shared memory (16-byte aligned, sized at launch): the gradients kernel's passes need more than
@@ -88,9 +90,53 @@ __device__ __forceinline__ void cotangent_step(SimtSlice<N, VS, io_t, P>& g, con
   }
 }
 
+// The same in precision="bf16", on tensor cores: the forward's MmaSlice step with (U, B^, V, K^) -> (Z, W, dY, R')
+// (slice.vt holds dY^T, exact in bf16 in this mode; G, Z and the shared operands split into hi/lo).
+template <int N, int VS, typename io_t, Precision P>
+__device__ __forceinline__ void cotangent_step(MmaSlice<N, VS, io_t, P>& slice, const Shared<N>& sm) {
+  using Slice = MmaSlice<N, VS, io_t, P>;
+  if (!slice.active) return;
+  const int g = slice.g, tq = slice.t;
+  // Z^T = G B^^T over k in steps of 16 (G's tiles 2kk, 2kk + 1 as one A fragment; B register h: B^[8 nt + g][k, k + 1]).
+  float z[2][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    uint32_t g_hi[4], g_lo[4];
+    Slice::a_fragment(slice.st[2 * kk], slice.st[2 * kk + 1], g_hi, g_lo);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      uint32_t b_hi[2], b_lo[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const mma::Split b = split2(&sm.b[8 * nt + g][16 * kk + 2 * tq + 8 * h]);
+        b_hi[h] = b.hi, b_lo[h] = b.lo;
+      }
+      mma::mma_split(z[nt], g_hi, g_lo, b_hi, b_lo);
+    }
+  }
+  // G <- G diag(E(L, 0)) + Z^T W + dY^T R', per tile of 8 k columns: B registers W[2 tq + 8 h, + 1][8 n + g] (R' alike).
+  uint32_t z_hi[4], z_lo[4];
+  Slice::a_fragment(z[0], z[1], z_hi, z_lo);
+#pragma unroll
+  for (int n = 0; n < Slice::kTiles; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) slice.st[n][i] *= sm.decay_all[8 * n + slice.column(i)];
+    uint32_t w_hi[2], w_lo[2], r_hi[2], r_lo[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int l = 2 * tq + 8 * h, k = 8 * n + g;
+      const mma::Split w = mma::split_bf16x2(sm.a[l][k], sm.a[l + 1][k]);
+      const mma::Split r = mma::split_bf16x2(sm.r[l][k], sm.r[l + 1][k]);
+      w_hi[h] = w.hi, w_lo[h] = w.lo, r_hi[h] = r.hi, r_lo[h] = r.lo;
+    }
+    mma::mma_split(slice.st[n], z_hi, z_lo, w_hi, w_lo);
+    mma::mma_exact_a(slice.st[n], slice.vt, r_hi, r_lo);
+  }
+}
+
 template <int N, int VS, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const Wkv7BackwardParams p) {
-  using Slice = SimtSlice<N, VS, io_t, P>;
+  using Slice = std::conditional_t<P == Precision::kBF16, MmaSlice<N, VS, io_t, P>, SimtSlice<N, VS, io_t, P>>;
   __shared__ Shared<N> sm;
   const int t = threadIdx.x;
   const int64_t task = blockIdx.x;  // = s * heads + h
@@ -153,16 +199,23 @@ struct GradientShared {
 
 // Rows v_first .. v_first + kRows of an N x N state into dst[v][k]: from a k-major slot (checkpoints, pass 1's G;
 // adjacent threads read adjacent floats), a row-major state (the initial state, the final state's cotangent: a
-// sequence's first and last chunk) or zeros (src null).
+// sequence's first and last chunk) or zeros (src null). A thread keeps one value row and steps along k by a constant
+// stride: no division per element (with one, forming each address took ~20 instructions).
 template <int N, int kRows, int kStride>
 __device__ __forceinline__ void load_state_rows(float (&dst)[kRows][kStride], const float* src, bool k_major,
                                                 int v_first, int t) {
-  const int64_t v_step = k_major ? 1 : N, k_step = k_major ? N : 1;
-#pragma unroll 4  // (unrolled in full, its loads' addresses spilled beside the masked products' registers)
-  for (int i = 0; i < kRows * N / kThreads; ++i) {
-    const int idx = t + kThreads * i, vi = idx % kRows, k = idx / kRows;
-    dst[vi][k] = src != nullptr ? src[(v_first + vi) * v_step + k * k_step] : 0.f;
+  static_assert(kThreads % kRows == 0, "a thread's loads stay in its value row");
+  constexpr int kStep = kThreads / kRows;  // k columns between a thread's loads
+  const int vi = t % kRows, k0 = t / kRows;
+  if (src == nullptr) {
+#pragma unroll
+    for (int i = 0; i < N / kStep; ++i) dst[vi][k0 + kStep * i] = 0.f;
+    return;
   }
+  const int v_step = k_major ? 1 : N, k_step = k_major ? N : 1;
+  const float* from = src + (v_first + vi) * v_step + k0 * k_step;
+#pragma unroll 4  // (unrolled in full or by 2, the kernel spilled more at N = 128)
+  for (int i = 0; i < N / kStep; ++i) dst[vi][k0 + kStep * i] = from[i * kStep * k_step];
 }
 
 // f(vi, l) for each of the pass's value rows vi and chunk rows l, adjacent threads on adjacent rows (coalesced [B, T,
@@ -480,10 +533,12 @@ __device__ __forceinline__ void contract_rows(GradientShared<N>& sm, bool first,
 // Column j of the v-independent part's backward: the scaled rows' (A~_l = a_l E(l, 0), R~_l = r_l E(l+1, 0),
 // B^_l = b_l E(L, l+1), K^_l = k_l E(L, l+1), E(L, 0)) and the masked products' (decayed dots, as the forward's
 // masked_products walks them: x from 1 to L, y from x down to 1, E(x, y) a running product), with dc_x the cotangent
-// of c[x] = sum of log d over rows < x; the cotangent of row l's log d is sum_{x > l} dc_x. sm.chunk holds the raw
-// inputs (loaded again: read from shared memory, they need no registers across the pairs). da_x and dr_{x-1} are
-// complete after position x and stored then; db, dk and dc stay in registers to the end. Gradients stored for rows
-// < len.
+// of c[x] = sum of log d over rows < x; the cotangent of row l's log d is sum_{x > l} dc_x. A pair's decay cotangent
+// a_x ta + r_{x-1} tr (ta, tr: its terms of da_x, dr_{x-1}) equals b_{y-1} tb + k_{y-1} tk (tb, tk: its terms of
+// db_{y-1}, dk_{y-1}), so the pairs' +c[x] parts are summed once per x (a_x da_x + r_{x-1} dr_{x-1}) and their -c[y]
+// parts once per y (b_{y-1} db_{y-1} + k_{y-1} dk_{y-1}), not per pair. sm.chunk holds the raw inputs (loaded again:
+// read from shared memory, they need no registers across the pairs). da_x and dr_{x-1} are complete after position x
+// and stored then; db, dk and dc stay in registers to the end. Gradients stored for rows < len.
 template <int N, typename io_t, typename w_t, Precision P, typename Params>
 __device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, const Params& p, TokenIndex at,
                                                  int64_t q, int len, int j) {
@@ -500,7 +555,6 @@ __device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, co
     before *= c.d[x - 1][j];
     const float ax = x < kL ? c.a[x][j] : 0.f, rx = c.r[x - 1][j];
     float e = 1.f, da = x < kL ? sm.dA[x][j] * before : 0.f, dr = sm.dR[x - 1][j] * before;
-    float pairs = fmaf(ax, da, rx * dr);  // A~_x dA~_x + R~_{x-1} dR~_{x-1}: both c[x]
 #pragma unroll
     for (int y = x; y >= 1; --y) {
       const int m = y - 1;
@@ -512,12 +566,9 @@ __device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, co
       dr += tr;
       db[m] = fmaf(fmaf(ab, ax, qb * rx), e, db[m]);
       dk[m] = fmaf(fmaf(ak, ax, qk * rx), e, dk[m]);
-      const float pair = fmaf(ax, ta, rx * tr);
-      pairs += pair;
-      dc[y] -= pair;
       e *= c.d[m][j];
     }
-    dc[x] += pairs;
+    dc[x] += fmaf(ax, da, rx * dr);  // A~_x dA~_x + R~_{x-1} dR~_{x-1} and the pairs (x, .): c[x]
     if (x < len) ga[at(q + x) + j] = wkv7::store<io_t, P>(da);
     if (x - 1 < len) gr[at(q + x - 1) + j] = wkv7::store<io_t, P>(dr);
   }
@@ -529,13 +580,12 @@ __device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, co
   float rest = 1.f, dlog = 0.f;  // E(L, l + 1); the cotangent of row l's log d, sum_{x > l} dc_x
 #pragma unroll
   for (int l = kL - 1; l >= 0; --l) {
-    const float dbh = sm.dB[l][j] * rest, dkh = sm.dK[l][j] * rest;
-    const float scaled = fmaf(c.b[l][j], dbh, c.k[l][j] * dkh);  // B^_l dB^_l + K^_l dK^_l: +c[L], -c[l+1]
-    dc[kL] += scaled;
-    dc[l + 1] -= scaled;
-    rest *= c.d[l][j];
+    const float dbh = sm.dB[l][j] * rest, dkh = sm.dK[l][j] * rest, bl = c.b[l][j], kl = c.k[l][j];
+    dc[kL] = fmaf(bl, dbh, fmaf(kl, dkh, dc[kL]));  // B^_l dB^_l + K^_l dK^_l: +c[L]
     db[l] += dbh;
     dk[l] += dkh;
+    dc[l + 1] -= fmaf(bl, db[l], kl * dk[l]);  // the same, and the pairs (., l + 1): -c[l + 1]
+    rest *= c.d[l][j];
   }
 #pragma unroll
   for (int l = kL - 1; l >= 0; --l) {

@@ -13,13 +13,13 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
   const int64_t tasks = p.size.n_seqs * p.size.heads, windows = p.size.batch * p.size.chunks * p.size.heads;
   if (tasks == 0) return cudaSuccess;
   if (tasks > 0x7fffffff || windows > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  constexpr int kVS = kValueSlice<N, Precision::kFP32>;  // pass 1: fp32 FMAs in both modes
   constexpr int kShared = int(sizeof(GradientShared<N>));
   cudaError_t status = cudaSuccess;
   const cudaError_t dispatched = dispatch_wkv7<W>(dtype, precision, [&](auto io_tag, auto w_tag, auto mode) {
     using io_t = decltype(io_tag);
     using w_t = decltype(w_tag);
     constexpr Precision P = decltype(mode)::value;
+    constexpr int kVS = kValueSlice<N, P>;
     chunked_state_cotangent_kernel<N, kVS, io_t, w_t, P><<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
     if (windows == 0) return;
     // Set on every call, as the attribute belongs to the current device's context (a once-only flag would miss the

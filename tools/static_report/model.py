@@ -192,38 +192,37 @@ def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = Fal
 
 def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: bool = False) -> list:
     """The chunked CUDA backward (csrc/wkv7/wkv7_chunked_backward_kernels.cuh): the state cotangent pass (a chunked
-    kernel as the forward, fp32 FMAs in both modes, the masked-product loop 17 times per chunk; r, w, k, a, b, dy in,
-    the cotangent before each chunk out, shaped as the checkpoints) and the gradients kernel (a block per chunk and
-    head; r..b, dy, the checkpoints and the cotangents in, six gradients out). The gradients kernel's loops, in address
-    order: the search for the window's first sequence (no trips without cu_seqlens), the pieces of sequences in the
-    window (1), the masked products (17), the passes over the value rows (N / rows), each pass's loads of S_0 and G
-    rows (rows x N / 128 per thread, unrolled by 4), then its contraction over the rows (fp32 mode) or, in
-    precision="bf16" (its row products and contractions on tensor cores, each HMMA one issue slot), its row-product
-    jobs (3 per 16 rows, the 4 warps taking them in turn: the mean per warp). low_precision: the gradients kernel's
-    bf16 mode only (the state pass is the same kernel in both)."""
+    kernel as the forward, on its grid of kValueSlice<N, P> value rows, the masked-product loop 17 times per chunk;
+    r, w, k, a, b, dy in, the cotangent before each chunk out, shaped as the checkpoints) and the gradients kernel (a
+    block per chunk and head; r..b, dy, the checkpoints and the cotangents in, six gradients out). The gradients
+    kernel's loops, in address order: the search for the window's first sequence (no trips without cu_seqlens), the
+    pieces of sequences in the window (1), the masked products (17), the passes over the value rows (N / rows), each
+    pass's loads of S_0 and G rows (rows x N / 128 per thread, unrolled by 4), then its contraction over the rows
+    (fp32 mode) or its row-product jobs (bf16 mode: 3 per 16 rows, the 4 warps taking them in turn: the mean per
+    warp). low_precision: precision="bf16", whose state step, row products and contractions run on tensor cores
+    (each HMMA one issue slot)."""
     sequential = _wkv7(True, heads, n, constants)
     sizes = constants["head_sizes"][str(n)]
     b, t = 8, 4096
     tensor = b * t * heads * n * 2
     cotangents = t // CHECKPOINT_EVERY * b * heads * n * n * 4
     state = b * heads * n * n * 4
-    slice_rows, rows = sizes["chunked_value_slice"], sizes["chunked_gradient_rows"]
-    title = f"B{b} T{t} H{heads} N{n} bf16"
+    slice_rows = sizes["chunked_value_slice_bf16" if low_precision else "chunked_value_slice"]
+    rows = sizes["chunked_gradient_rows"]
+    title = f"{' (bf16 mode)' if low_precision else ''} B{b} T{t} H{heads} N{n} bf16"
     units = dict(unit="token-head", units=sequential.units)
     threads = constants["chunked_threads"]
     row_loads = rows * n // threads // 4
     last_loop = 3 * (rows // 16) / (threads // 32) if low_precision else rows
     mode = "kBF16" if low_precision else "kFP32"
-    gradients = Workload(f"WKV7 chunked bwd gradients{' (bf16 mode)' if low_precision else ''} {title}",
+    gradients = Workload(f"WKV7 chunked bwd gradients{title}",
                          read=7 * tensor + 2 * cotangents, written=6 * tensor, blocks=b * t // CHECKPOINT_EVERY * heads,
                          cuda=(f"chunked_gradients_kernel<{n}, bf16_t, bf16_t, {mode}>",), cuda_threads=threads,
                          cuda_dynamic_shared=sizes["chunked_gradient_shared"],
                          cuda_loop_trips=(0, 1, 17, n // rows, row_loads, row_loads, last_loop), **units)
-    if low_precision:
-        return [gradients]
-    return [Workload(f"WKV7 chunked bwd state pass {title}", read=6 * tensor, written=cotangents + state,
+    return [Workload(f"WKV7 chunked bwd state pass{title}", read=6 * tensor, written=cotangents + state,
                      blocks=b * heads * (n // slice_rows), cuda=(
-                         f"chunked_state_cotangent_kernel<{n}, {slice_rows}, bf16_t, bf16_t, kFP32>",),
+                         f"chunked_state_cotangent_kernel<{n}, {slice_rows}, bf16_t, bf16_t, {mode}>",),
                      cuda_threads=threads, tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=17, **units),
             gradients]
 
