@@ -35,9 +35,11 @@ def cuda_include_dir() -> str:
     raise AssertionError(f"no cuda_runtime_api.h in any of {candidates}")
 
 
-def build_driver(source: str, exe: str, include_dirs: list, sanitizers: str = "address,undefined") -> str:
-    """Compiles tests/data/<source> into `exe` with the host stand-ins first on the include path; skips without g++.
-    -ffp-contract=off, as the CPU extension's build; sanitizer findings abort the run."""
+def build_driver(source: str, exe: str, include_dirs: list, sanitizers: str = "address,undefined",
+                 defines: tuple = ()) -> str:
+    """Compiles tests/data/<source> into `exe` with the host stand-ins first on the include path and the macros
+    `defines` set; skips without g++. -ffp-contract=off, as the CPU extension's build; sanitizer findings abort the
+    run."""
     if shutil.which("g++") is None:
         pytest.skip("g++ not found: the host run of a CUDA kernel compiles it with g++ (CI has g++)")
     cmd = ["g++", "-std=c++20", "-O1", "-g0", "-ffp-contract=off", "-fno-strict-aliasing", "-Wall",
@@ -45,7 +47,7 @@ def build_driver(source: str, exe: str, include_dirs: list, sanitizers: str = "a
            "-I", os.path.join(DATA, "host_cuda")]
     for directory in [*include_dirs, os.path.join(ROOT, "csrc", "include")]:
         cmd += ["-I", directory]
-    cmd += ["-isystem", cuda_include_dir()]
+    cmd += ["-isystem", cuda_include_dir(), *(f"-D{name}" for name in defines)]
     build = subprocess.run(cmd + [os.path.join(DATA, source), "-o", exe], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-4000:]
     return exe

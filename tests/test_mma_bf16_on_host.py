@@ -1,7 +1,8 @@
 """csrc/include/ropewkv/mma_bf16.cuh on the host (tests/data/mma_bf16_on_host.cpp, one warp of the block emulator).
 
-The CUDA chunked forward's bf16 mode builds its mma.sync fragments by that header's layout table, and on the host the
-header forms each product from those fragments through warp shuffles (test_wkv7_chunked_cuda_on_host.py runs it).
+The CUDA chunked kernels' bf16 mode builds its mma.sync fragments by that header's layout table, and on the host the
+header forms each product from those fragments (test_wkv7_chunked_cuda_on_host.py runs it): through the emulator's
+warp_gather, or through warp shuffles as on GPUs before sm_80 (ROPEWKV_MMA_SHUFFLES); both forms are built here.
 Here the fragments are built independently, from whole matrices by the PTX ISA's table for mma.m16n8k16 .bf16
 ("Matrix Fragments for mma.m16n8k16"), so that the emulated product is held to the documented layout, not only to the
 kernel's own use of it: D = C + A B bit for bit (entries multiples of 1/4 in [-2, 2): every product and sum exact in
@@ -17,9 +18,11 @@ import torch
 from host_cuda import build_driver
 
 
-@pytest.fixture(scope="session")
-def driver(tmp_path_factory) -> str:
-    return build_driver("mma_bf16_on_host.cpp", str(tmp_path_factory.mktemp("mma_bf16") / "driver"), [])
+@pytest.fixture(scope="session", params=["warp_gather", "shuffles"])
+def driver(tmp_path_factory, request) -> str:
+    defines = ("ROPEWKV_MMA_SHUFFLES",) if request.param == "shuffles" else ()
+    return build_driver("mma_bf16_on_host.cpp", str(tmp_path_factory.mktemp("mma_bf16") / "driver"), [],
+                        defines=defines)
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:

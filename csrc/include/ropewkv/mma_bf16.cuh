@@ -12,9 +12,9 @@
 // result feeds the next product with no exchange between lanes.
 //
 // Off the device (the host emulator of CUDA blocks, tests/data/host_cuda), and on GPUs before sm_80, the product is
-// formed from the same fragments through warp shuffles: every lane gathers its row of A and its two columns of B and
-// sums the exact bf16 products in fp32. The tensor core's order of summation is its own, so the two agree to fp32
-// rounding, not bit for bit.
+// formed from the same fragments: every lane gathers its row of A and its two columns of B (through warp shuffles; on
+// the host, through the emulator's one-step warp_gather) and sums the exact bf16 products in fp32. The tensor core's
+// order of summation is its own, so the two agree to fp32 rounding, not bit for bit.
 #include <cstdint>
 
 #include "ropewkv/precision.h"
@@ -47,20 +47,16 @@ __device__ __forceinline__ Split split_bf16x2(float first, float second) {
   return {hi, pack_bf16x2(first - low_half(hi), second - high_half(hi))};
 }
 
-// d += A B on one 16 x 8 x 16 tile; every lane of the warp takes part.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
+// d += A B from the warp's fragments, lane 4 g + t forming its elements of D: fetch(lane, r) is register r of
+// `lane` (0-3 A's, 4-5 B's), called in the same order on every lane (a shuffle is a warp-wide step).
+template <typename Fetch>
+__device__ __forceinline__ void mma_from_lanes(float (&d)[4], Fetch&& fetch) {
   const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
   for (int src = 0; src < 4; ++src) {  // lane 4 g' + src holds the k pairs {2 src, 2 src + 1} and {+8, +9}
     uint32_t a_row[4], b_col[2][2];
-    for (int i = 0; i < 4; ++i) a_row[i] = __shfl_sync(0xffffffffu, a[i], 4 * g + src);
+    for (int i = 0; i < 4; ++i) a_row[i] = fetch(4 * g + src, i);
     for (int c = 0; c < 2; ++c)
-      for (int i = 0; i < 2; ++i) b_col[c][i] = __shfl_sync(0xffffffffu, b[i], 4 * (2 * t + c) + src);
+      for (int i = 0; i < 2; ++i) b_col[c][i] = fetch(4 * (2 * t + c) + src, 4 + i);
     for (int r = 0; r < 2; ++r)      // row g + 8 r
       for (int c = 0; c < 2; ++c)    // column 2 t + c
         for (int h = 0; h < 2; ++h) {  // k < 8 or k >= 8
@@ -68,6 +64,22 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
           d[2 * r + c] = fmaf(high_half(x), high_half(y), fmaf(low_half(x), low_half(y), d[2 * r + c]));
         }
   }
+}
+
+// d += A B on one 16 x 8 x 16 tile; every lane of the warp takes part.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(HOST_CUDA_WARP_GATHER) && !defined(ROPEWKV_MMA_SHUFFLES)  // (tests build the shuffle form too)
+  const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  uint32_t all[32][6];
+  host_cuda::warp_gather(mine, all);
+  mma_from_lanes(d, [&](int lane, int r) { return all[lane][r]; });
+#else
+  mma_from_lanes(d, [&](int lane, int r) { return __shfl_sync(0xffffffffu, r < 4 ? a[r] : b[r - 4], lane); });
 #endif
 }
 

@@ -19,6 +19,8 @@
 // - Warps: 32 consecutive linear ids. __shfl_sync, __shfl_xor_sync, __shfl_up_sync, __shfl_down_sync (4-byte
 //   values: float, int, unsigned; width a power of two up to 32) and __syncwarp, with the full mask only: every lane
 //   of a full warp must take part (checked: a shuffle in a partial warp, or after a lane of the warp returned, aborts).
+//   host_cuda::warp_gather (HOST_CUDA_WARP_GATHER) hands every lane all the lanes' words at once, for code whose
+//   device form exchanges many registers (each shuffle here costs two barrier waits of the warp's threads).
 // - Dynamic shared memory: a kernel names it with ROPEWKV_DYNAMIC_SHARED(name) (a float4 pointer here, the extern
 //   __shared__ array on the device), sized by run_grid's shared_bytes; it is filled with all-ones bytes (NaN floats)
 //   before every block, so that a read before the block's write shows.
@@ -46,6 +48,7 @@ namespace host_cuda {
 
 inline constexpr unsigned kWarpSize = 32;
 inline constexpr unsigned kFullMask = 0xffffffffu;
+inline constexpr unsigned kMaxGather = 8;  // words per lane in one warp_gather
 
 inline void require(bool ok, const char* what) {
   if (!ok) {
@@ -60,6 +63,7 @@ struct Warp {
   std::barrier<> barrier;
   std::atomic<bool> lane_returned{false};
   uint32_t exchange[kWarpSize];  // each lane's value of the shuffle in progress
+  uint32_t gathered[kWarpSize][kMaxGather];  // each lane's words of the warp_gather in progress
 };
 
 struct Block {
@@ -96,6 +100,22 @@ T shuffle(unsigned mask, T value, unsigned width, Source source) {
   const T result = std::bit_cast<T>(warp.exchange[source(group, this_lane - group)]);
   warp.barrier.arrive_and_wait();
   return result;
+}
+
+// all[lane] = that lane's `mine`, for every lane of a full warp: a register exchange the device does by shuffles,
+// here in two barrier waits instead of two per word and source lane (ropewkv/mma_bf16.cuh forms each emulated mma
+// from its 32 lanes' fragments this way: 64 waits -> 2).
+template <unsigned n>
+void warp_gather(const uint32_t (&mine)[n], uint32_t (&all)[kWarpSize][n]) {
+  static_assert(n <= kMaxGather, "at most kMaxGather words per lane");
+  require(this_warp != nullptr, "a warp gather outside host_cuda::run_grid");
+  Warp& warp = *this_warp;
+  require(warp.lanes == kWarpSize, "a warp gather in a partial warp");
+  std::copy_n(mine, n, warp.gathered[this_lane]);
+  warp.barrier.arrive_and_wait();
+  require(!warp.lane_returned, "a warp gather after a lane of the warp returned");
+  for (unsigned lane = 0; lane < kWarpSize; ++lane) std::copy_n(warp.gathered[lane], n, all[lane]);
+  warp.barrier.arrive_and_wait();
 }
 
 inline float4* dynamic_shared() {
@@ -143,6 +163,7 @@ void run_grid(dim3 grid, dim3 block, F&& body) {
 }  // namespace host_cuda
 
 #define ROPEWKV_DYNAMIC_SHARED(name) float4* name = host_cuda::dynamic_shared()
+#define HOST_CUDA_WARP_GATHER 1  // host_cuda::warp_gather is here
 
 inline void __syncthreads() {
   host_cuda::require(host_cuda::this_block != nullptr, "__syncthreads outside host_cuda::run_grid");
