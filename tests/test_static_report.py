@@ -172,15 +172,20 @@ def test_fp32_chunked_wkv7_products_never_use_tensor_cores():
 
 @needs_nvcc
 def test_cuda_chunked_wkv7_uses_tensor_cores_in_the_bf16_mode_only():
-    """The CUDA chunked forward's precision="bf16" instantiations run the v-dependent products as mma.sync (HMMA),
-    those of precision="fp32" as fp32 FMAs (no tensor-core instruction at all), for every I/O type, at the head sizes
-    whose value slices differ from the whole head (N = 32: two of the four warps idle; N = 128: two slices)."""
+    """The CUDA chunked kernels' precision="bf16" instantiations run their v-dependent products as mma.sync (HMMA):
+    the forward's, the backward's state step, and its gradients kernel's row products and contractions. Those of
+    precision="fp32" use fp32 FMAs (no tensor-core instruction at all). Checked for every I/O type, at the head sizes
+    whose value slices differ from the whole head (N = 32: two of the four warps idle; N = 128: two slices). No spills
+    but the gradients kernel's (kernels.SPILL_ALLOWED)."""
     for n in (32, 128):
-        found = kernels.cuda_kernels(ROOT, f"csrc/wkv7/wkv7_chunked_n{n}.cu")
-        modes = {mode: [k for k in found if k.name.endswith(f"{mode}>")] for mode in ("kFP32", "kBF16")}
-        assert len(modes["kFP32"]) == len(modes["kBF16"]) == 5, [k.name for k in found]  # I/O x w storage
-        assert all(k.tensor_core == 0 for k in modes["kFP32"]), n
-        assert all(k.tensor_core > 0 and k.spill_stores == 0 for k in modes["kBF16"]), n
+        for source, per_mode in ((f"csrc/wkv7/wkv7_chunked_n{n}.cu", 5),
+                                 (f"csrc/wkv7/wkv7_chunked_backward_n{n}.cu", 10)):
+            found = kernels.cuda_kernels(ROOT, source)
+            modes = {mode: [k for k in found if k.name.endswith(f"{mode}>")] for mode in ("kFP32", "kBF16")}
+            assert len(modes["kFP32"]) == len(modes["kBF16"]) == per_mode, [k.name for k in found]  # I/O x w storage
+            assert all(k.tensor_core == 0 for k in modes["kFP32"]), source
+            assert all(k.tensor_core > 0 for k in modes["kBF16"]), source
+            assert all(k.spill_stores == 0 for k in found if not k.name.startswith("chunked_gradients_kernel")), source
 
 
 @needs_nvcc

@@ -97,7 +97,8 @@ __device__ __forceinline__ void cotangent_step(MmaSlice<N, VS, io_t, P>& slice, 
   using Slice = MmaSlice<N, VS, io_t, P>;
   if (!slice.active) return;
   const int g = slice.g, tq = slice.t;
-  // Z^T = G B^^T over k in steps of 16 (G's tiles 2kk, 2kk + 1 as one A fragment; B register h: B^[8 nt + g][k, k + 1]).
+  // Z^T = G B^^T over k in steps of 16 (G's tiles 2kk, 2kk + 1 as one A fragment; B register h:
+  // B^[8 nt + g][k, k + 1]).
   float z[2][4] = {};
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
@@ -114,24 +115,10 @@ __device__ __forceinline__ void cotangent_step(MmaSlice<N, VS, io_t, P>& slice, 
       mma::mma_split(z[nt], g_hi, g_lo, b_hi, b_lo);
     }
   }
-  // G <- G diag(E(L, 0)) + Z^T W + dY^T R', per tile of 8 k columns: B registers W[2 tq + 8 h, + 1][8 n + g] (R' alike).
+  // G <- G diag(E(L, 0)) + Z^T W + dY^T R'.
   uint32_t z_hi[4], z_lo[4];
   Slice::a_fragment(z[0], z[1], z_hi, z_lo);
-#pragma unroll
-  for (int n = 0; n < Slice::kTiles; ++n) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) slice.st[n][i] *= sm.decay_all[8 * n + slice.column(i)];
-    uint32_t w_hi[2], w_lo[2], r_hi[2], r_lo[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int l = 2 * tq + 8 * h, k = 8 * n + g;
-      const mma::Split w = mma::split_bf16x2(sm.a[l][k], sm.a[l + 1][k]);
-      const mma::Split r = mma::split_bf16x2(sm.r[l][k], sm.r[l + 1][k]);
-      w_hi[h] = w.hi, w_lo[h] = w.lo, r_hi[h] = r.hi, r_lo[h] = r.lo;
-    }
-    mma::mma_split(slice.st[n], z_hi, z_lo, w_hi, w_lo);
-    mma::mma_exact_a(slice.st[n], slice.vt, r_hi, r_lo);
-  }
+  slice.update_state(sm, z_hi, z_lo, sm.a, sm.r);
 }
 
 template <int N, int VS, typename io_t, typename w_t, Precision P>

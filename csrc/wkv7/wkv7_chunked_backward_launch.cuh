@@ -26,7 +26,8 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
     // second GPU of a process); it is host work of about a microsecond.
     status = cudaFuncSetAttribute(chunked_gradients_kernel<N, io_t, w_t, P>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
-    if (status == cudaSuccess) chunked_gradients_kernel<N, io_t, w_t, P><<<unsigned(windows), kThreads, kShared, stream>>>(p);
+    if (status != cudaSuccess) return;
+    chunked_gradients_kernel<N, io_t, w_t, P><<<unsigned(windows), kThreads, kShared, stream>>>(p);
   });
   return dispatched != cudaSuccess ? dispatched : status;
 }

@@ -502,21 +502,29 @@ struct MmaSlice {
         const int l = 8 * nt + column(i);
         if (l < len) y[at(q + l) + row(i)] = wkv7::store<io_t, P>(yv[nt][i]);
       }
-    // S <- S diag(E(L, 0)) + U^T B^ + V^T K^, per tile of 8 k columns: B fragments B^[2t (+1) (+8)][8n + g].
+    update_state(sm, u_hi, u_lo, sm.b, sm.k);
+  }
+
+  // S <- S diag(E(L, 0)) + X^T M + V^T M' for the [v][l] block X^T (its A fragment, split) and [L][N] blocks M, M'
+  // (the step: U^T, B^, K^; the backward's state pass: Z^T, W, R'), per tile of 8 k columns: B fragments
+  // M[2t (+1) (+8)][8n + g].
+  __device__ __forceinline__ void update_state(const Shared<N>& sm, const uint32_t (&x_hi)[4],
+                                               const uint32_t (&x_lo)[4], const float (&M)[kL][Shared<N>::kRow],
+                                               const float (&M_v)[kL][Shared<N>::kRow]) {
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) st[n][i] *= sm.decay_all[8 * n + column(i)];
-      uint32_t b_hi[2], b_lo[2], k_hi[2], k_lo[2];
+      uint32_t m_hi[2], m_lo[2], mv_hi[2], mv_lo[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int l = 2 * t + 8 * h, k = 8 * n + g;
-        const mma::Split sb = mma::split_bf16x2(sm.b[l][k], sm.b[l + 1][k]);
-        const mma::Split sk = mma::split_bf16x2(sm.k[l][k], sm.k[l + 1][k]);
-        b_hi[h] = sb.hi, b_lo[h] = sb.lo, k_hi[h] = sk.hi, k_lo[h] = sk.lo;
+        const mma::Split m = mma::split_bf16x2(M[l][k], M[l + 1][k]);
+        const mma::Split mv = mma::split_bf16x2(M_v[l][k], M_v[l + 1][k]);
+        m_hi[h] = m.hi, m_lo[h] = m.lo, mv_hi[h] = mv.hi, mv_lo[h] = mv.lo;
       }
-      mma::mma_split(st[n], u_hi, u_lo, b_hi, b_lo);
-      mma::mma_exact_a(st[n], vt, k_hi, k_lo);
+      mma::mma_split(st[n], x_hi, x_lo, m_hi, m_lo);
+      mma::mma_exact_a(st[n], vt, mv_hi, mv_lo);
     }
   }
 };
