@@ -183,8 +183,8 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
         algorithm: "auto" | "sequential" | "chunked". "sequential" steps the state token by token; "chunked" runs
             16-token chunks as matrix products (ops/rwkv7/chunked.md), the same result to fp32 rounding, on the cpu,
-            triton and cuda backends (cuda: a chunked forward, on tensor cores in precision="bf16", and a chunked
-            backward in fp32 FMAs). "auto" is "chunked" on the cpu backend
+            triton and cuda backends (cuda: a chunked forward and backward, their products on tensor cores in
+            precision="bf16", fp32 FMAs in precision="fp32"). "auto" is "chunked" on the cpu backend
             from 8 tokens per sequence (1.3-4x faster there), else "sequential" (see _resolve_algorithm). The
             reference backend is the fp64 oracle whatever the algorithm.
     Returns:
