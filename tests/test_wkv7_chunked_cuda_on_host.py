@@ -29,11 +29,11 @@ fp64, u being the unit roundoff of their storage, or bf16's in precision="bf16":
 storage, the 16-bit ones at their rounding (1.7e-3 bf16, 2.1e-4 fp16 against fp64).
 Mutation: the masked products' decay cotangent with its sign flipped gives dw 3.9 relative RMS.
 
-precision="bf16" runs the tensor-core forms (the forward's MmaSlice, the gradients kernel's row products and
-contractions): on the host each mma.sync is formed from the same
-register fragments through warp shuffles (ropewkv/mma_bf16.cuh, itself held to the PTX ISA's fragment table by
-test_mma_bf16_on_host.py), so the fragments as the kernel builds them are checked here; that the hardware agrees is
-checked on a GPU (the CUDA parity rows). Its split
+precision="bf16" runs the tensor-core forms (the forward's and the state pass's MmaSlice, the gradients kernel's row
+products and contractions): on the host each mma.sync is formed from the same register fragments, gathered from the
+warp's lanes (ropewkv/mma_bf16.cuh, itself held to the PTX ISA's fragment table by test_mma_bf16_on_host.py), so the
+fragments as the kernel builds them are checked here; that the hardware agrees is checked on a GPU (the CUDA parity
+rows). Its split
 products add up to SPLIT_PRODUCT_RMS (2^-16) to the fp32 bound (measured: states 2.0e-6 .. 2.6e-6 against the CPU twin
 where fp32 math gives ~1.5e-7); products that drop their lo halves (one bf16 product each) give 2.9e-4 .. 5.4e-4.
 """
