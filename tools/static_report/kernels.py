@@ -211,9 +211,9 @@ TRITON = {
 # (The CUDA WKV7 N=64 backwards were here, 320-370 B at the 255-register cap, until the backward's shared-memory
 # column dots were unrolled by 16 instead of fully.)
 SPILL_ALLOWED: dict = {
-    "wkv7 chunked bwd N64 bf16-dots": "48-60 B at N = 32/64/128 (Triton 3.7.1; 3.6.0 60-72 B), none in its innermost "
-                                      "loops: the split products' MMA-layout results converted for the k slice's "
-                                      "elementwise cotangents at the 255-register cap (benchmarks/NOTES.md)",
+    "wkv7 chunked bwd N64 bf16-dots": "0 / 16 / 16 B at N = 32/64/128 (Triton 3.7.1; 3.6.0 20-36 B), none in its "
+                                      "innermost loops: at the 255-register cap (the split products' operands), two "
+                                      "64-bit row addresses reloaded once per k slice (benchmarks/NOTES.md)",
     "csrc/wkv7/wkv7_chunked_backward_n*.cu: chunked_gradients_kernel<*>":
         "0-28 B, outside every loop: the window's first token across its pieces of sequences (16 B at N = 32 with "
         "fp32 w in the bf16 mode, at 168 registers) and, at the 255-register cap (N = 64, 128), a few loop-invariant "

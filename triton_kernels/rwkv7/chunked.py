@@ -70,9 +70,6 @@ VALUE_BLOCK = {32: 32, 64: 64, 128: 64, 256: 64}
 STATE_NUM_WARPS = {32: 4, 64: 4, 128: 4, 256: 4}
 # The backward at N = 32 on 4 warps: 255 registers and ~200-400 B spilled ([16, 16, 16] decay blocks, 32 per thread).
 BWD_NUM_WARPS = {32: 8, 64: 8, 128: 8, 256: 8}
-# The backward's innermost (v-slice) loop's pipelining depth: 3 at N = 128 takes its last 12 B of spills (Triton 3.7;
-# 3.6: 20 -> 16 B) where at N = 64 it would spill 8 B.
-BWD_V_STAGES = {32: 2, 64: 2, 128: 3, 256: 2}
 
 
 @triton.jit
@@ -434,7 +431,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
                         scratch_ptr, dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, T, H, n_seqs,
                         N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, PREP: tl.constexpr, DECAY: tl.constexpr,
                         LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
-                        VARLEN: tl.constexpr, V_STAGES: tl.constexpr):
+                        VARLEN: tl.constexpr):
     """The gradients of one chunk's inputs (a program per (slot, head), all chunks at once), from S0^T (its
     checkpoint), G^T (the state cotangent after it, from the backward's state pass) and the prep (with SQUARES):
     k runs in BK-row slices of both, the products over v in BK-column slices of v (U and dX through the scratch):
@@ -518,19 +515,21 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         r, k, a, b, dlog, _, ca, cb, clast = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
         Eb, Eq = _masked_decays(ca, cb, L)
-        e_before = tl.exp(cb)
-        e_after = tl.exp(ca)
-        rest = tl.exp(clast[None, :] - ca)
-        e_all = tl.exp(clast)
-        At = a * e_before
-        Rt = r * e_after
-        Bh = b * rest
-        Kh = k * rest
+        # The masked products' cotangents first and the exps after the products over v: fewer values live across
+        # that loop (in the bf16 mode, the split products' operands fill the registers: 48-60 B spilled otherwise).
+        ax, ab, ak = _masked_cotangents(a, b, k, dAb, dAk, Eb)
+        rx, rb, rk = _masked_cotangents(r, b, k, dQb, dQk, Eq)
+        da = ax
+        dcb = a * ax
+        dr = rx
+        db = ab + rb
+        dk = ak + rk
+        dca = r * rx - (b * db + k * dk)
         dRt = tl.zeros((L, BK), dtype=tl.float32)
         dAt = tl.zeros((L, BK), dtype=tl.float32)
         dBh = tl.zeros((L, BK), dtype=tl.float32)
         dKh = tl.zeros((L, BK), dtype=tl.float32)
-        for i0 in tl.range(0, N, BK, num_stages=V_STAGES):
+        for i0 in tl.range(0, N, BK, num_stages=2):  # 1 spills 96 B in the bf16 mode, 3 spills at N = 128
             dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
             v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
             S0_i = tl.trans(tl.load(ckpt + j0 * N + i0 + ckpt_at_i))
@@ -539,22 +538,25 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             dAt += _dot(tl.load(scratch + L * N + i0 + slice_at), S0_i, BF16_DOTS, INTERPRET)
             dBh += _dot(tl.load(scratch + i0 + slice_at), G_i, BF16_DOTS, INTERPRET)
             dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION)
+        e_before = tl.exp(cb)
+        e_after = tl.exp(ca)
+        rest = tl.exp(clast[None, :] - ca)
+        e_all = tl.exp(clast)
         ST0 = tl.load(ckpt + j0 * N + ckpt_at)
         GT = tl.load(grad + j0 + state_at)
         dclast = e_all * tl.sum(ST0 * GT, axis=1)
-        tx, tyb, tyk = _masked_cotangents(a, b, k, dAb, dAk, Eb)
-        da = tx + dAt * e_before
-        dcb = a * tx + dAt * At
-        db = tyb
-        dk = tyk
-        dca = -(b * tyb + k * tyk)
-        tx, tyb, tyk = _masked_cotangents(r, b, k, dQb, dQk, Eq)
-        dr = tx + dRt * e_after
-        dca += r * tx - (b * tyb + k * tyk) + dRt * Rt
-        db += tyb + dBh * rest
-        dk += tyk + dKh * rest
-        to_last = dBh * Bh + dKh * Kh
-        dca -= to_last
+        # A~ = a e_before, R~ = r e_after, B^ = b rest, K^ = k rest: e.g. a's share of dc is a (dA~ e_before).
+        dAt *= e_before
+        dRt *= e_after
+        dBh *= rest
+        dKh *= rest
+        da += dAt
+        dcb += a * dAt
+        dr += dRt
+        db += dBh
+        dk += dKh
+        to_last = b * dBh + k * dKh
+        dca += r * dRt - to_last
         dclast += tl.sum(to_last, axis=0)
         # log d of row l is in c[x] for x >= l + 1: c_after of rows >= l, c_before of rows > l, and c[L].
         dlogd = (tl.cumsum(dca, axis=0, reverse=True) + tl.cumsum(dcb, axis=0, reverse=True) - dcb
@@ -636,4 +638,4 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     _chunked_bwd_kernel[(prep.shape[0] * heads,)](
         r, w, k, v, a, b, cu, checkpoints, grad_y, state_grads, prep, scratch, *grads, seqlen, heads, n_seqs,
         DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=_interpreting(),
-        V_STAGES=BWD_V_STAGES[n], num_warps=BWD_NUM_WARPS[n], **flags)
+        num_warps=BWD_NUM_WARPS[n], **flags)
