@@ -96,28 +96,12 @@ template <int N, int VS, typename io_t, Precision P>
 __device__ __forceinline__ void cotangent_step(MmaSlice<N, VS, io_t, P>& slice, const Shared<N>& sm) {
   using Slice = MmaSlice<N, VS, io_t, P>;
   if (!slice.active) return;
-  const int g = slice.g, tq = slice.t;
-  // Z^T = G B^^T over k in steps of 16 (G's tiles 2kk, 2kk + 1 as one A fragment; B register h:
-  // B^[8 nt + g][k, k + 1]).
-  float z[2][4] = {};
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    uint32_t g_hi[4], g_lo[4];
-    Slice::a_fragment(slice.st[2 * kk], slice.st[2 * kk + 1], g_hi, g_lo);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      uint32_t b_hi[2], b_lo[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const mma::Split b = split2(&sm.b[8 * nt + g][16 * kk + 2 * tq + 8 * h]);
-        b_hi[h] = b.hi, b_lo[h] = b.lo;
-      }
-      mma::mma_split(z[nt], g_hi, g_lo, b_hi, b_lo);
-    }
-  }
+  // Z^T = G B^^T.
+  float z[1][2][4] = {};
+  slice.template state_times_transposed<1>(z, {sm.b});
   // G <- G diag(E(L, 0)) + Z^T W + dY^T R'.
   uint32_t z_hi[4], z_lo[4];
-  Slice::a_fragment(z[0], z[1], z_hi, z_lo);
+  Slice::a_fragment(z[0][0], z[0][1], z_hi, z_lo);
   slice.update_state(sm, z_hi, z_lo, sm.a, sm.r);
 }
 

@@ -462,28 +462,37 @@ struct MmaSlice {
     }
   }
 
-  __device__ __forceinline__ void step(const Shared<N>& sm, io_t* y, TokenIndex at, int64_t q, int len) {
-    if (!active) return;
-    // X^T = S A~^T and Y^T = S R~^T over k in steps of 16 (state tiles 2kk, 2kk + 1 as one A fragment).
-    float x[2][4] = {}, yv[2][4] = {};
+  // d[p] = S M_p^T ([v][l], both C tiles) for kProducts [L][N] blocks M_p, over k in steps of 16: the state's tiles
+  // 2kk, 2kk + 1 as one split A fragment serve every product; B register h: M_p[8 nt + g][16 kk + 2t + 8h, + 1].
+  template <int kProducts>
+  __device__ __forceinline__ void state_times_transposed(
+      float (&d)[kProducts][2][4], const float (*const (&M)[kProducts])[Shared<N>::kRow]) const {
 #pragma unroll
     for (int kk = 0; kk < N / 16; ++kk) {
       uint32_t s_hi[4], s_lo[4];
       a_fragment(st[2 * kk], st[2 * kk + 1], s_hi, s_lo);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int l = 8 * nt + g, k = 16 * kk + 2 * t;
-        uint32_t a_hi[2], a_lo[2], r_hi[2], r_lo[2];
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const mma::Split sa = mma::split_bf16x2(sm.a[l][k + 8 * h], sm.a[l][k + 8 * h + 1]);
-          const mma::Split sr = mma::split_bf16x2(sm.r[l][k + 8 * h], sm.r[l][k + 8 * h + 1]);
-          a_hi[h] = sa.hi, a_lo[h] = sa.lo, r_hi[h] = sr.hi, r_lo[h] = sr.lo;
+        for (int p = 0; p < kProducts; ++p) {
+          uint32_t m_hi[2], m_lo[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const mma::Split m = split2(&M[p][8 * nt + g][16 * kk + 2 * t + 8 * h]);
+            m_hi[h] = m.hi, m_lo[h] = m.lo;
+          }
+          mma::mma_split(d[p][nt], s_hi, s_lo, m_hi, m_lo);
         }
-        mma::mma_split(x[nt], s_hi, s_lo, a_hi, a_lo);
-        mma::mma_split(yv[nt], s_hi, s_lo, r_hi, r_lo);
-      }
     }
+  }
+
+  __device__ __forceinline__ void step(const Shared<N>& sm, io_t* y, TokenIndex at, int64_t q, int len) {
+    if (!active) return;
+    // X^T = S A~^T, Y^T = S R~^T.
+    float xy[2][2][4] = {};
+    state_times_transposed<2>(xy, {sm.a, sm.r});
+    float(&x)[2][4] = xy[0];
+    float(&yv)[2][4] = xy[1];
     // X^T += V^T Ak^T; U^T = X^T T^T.
     float u[2][4] = {};
     add_times_masked(x, vt, nullptr, sm.Ak, true);
