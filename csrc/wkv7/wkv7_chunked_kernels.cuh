@@ -134,22 +134,25 @@ __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Params& p, Token
 
 // The masked products. With 1-based positions 1 <= y <= x <= L and E(x, y) = d_{y+1} ... d_x:
 //   Ab[x][y-1] = sum_j a_x b_{y-1} E(x, y)  (x < L)     Qb[x-1][y-1] = sum_j r_{x-1} b_{y-1} E(x, y),
-// Ak, Qk the same with k (rows 0-based; a_x is chunk row x, the token after position x). For each x, y runs down
-// from x with E(x, x) = 1 and E(x, y - 1) = E(x, y) d_y (d_y: chunk row y - 1). Thread t: chunk rows x_first =
-// pair + 1 and x_second = L - pair (1-based token positions), columns c + 16 i.
-template <int N>
+// Ak, Qk the same with k (rows 0-based; a_x is chunk row x, the token after position x). Here the pairs with x and
+// y in the same block of kBlock positions (the whole chunk in precision="fp32"; cross_block_products takes the
+// others). For each x, y runs down from x with E(x, x) = 1 and E(x, y - 1) = E(x, y) d_y (d_y: chunk row y - 1).
+// 16 lanes per pair of positions {x, x'} of a block, x - base + x' - base = kBlock + 1 (every lane the same trip
+// count, kBlock + 1), lane c taking columns c + 16 i.
+template <int N, int kBlock>
 __device__ __forceinline__ void masked_products(Shared<N>& sm, int t) {
   using Pr = Pairs<N>;
   constexpr int kCols = Pr::kCols;
-  const int pair = t / Pr::kLanes, c = t % Pr::kLanes;
-  const int x_first = pair + 1, x_second = kL - pair;
+  const int group = t / Pr::kLanes, c = t % Pr::kLanes;
+  const int base = kBlock == kL ? 0 : kBlock * (group / (kBlock / 2)), pair = group % (kBlock / 2);
+  const int x_first = base + pair + 1, x_second = base + kBlock - pair;
   float ax[kCols], rx[kCols], ex[kCols];
 #pragma unroll 1
-  for (int step = 0; step < kL + 1; ++step) {
-    const bool first = step < x_first;
+  for (int step = 0; step < kBlock + 1; ++step) {
+    const bool first = step <= pair;
     const int x = first ? x_first : x_second;
-    const int yy = first ? x_first - step : x_second - (step - x_first);
-    if (step == 0 || step == x_first) {
+    const int yy = first ? x_first - step : x_second - (step - pair - 1);
+    if (step == 0 || step == pair + 1) {
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const int j = c + Pr::kLanes * i;
@@ -188,42 +191,122 @@ __device__ __forceinline__ void masked_products(Shared<N>& sm, int t) {
   }
 }
 
-// The scaled rows, in place, by running products down each k column (thread t < N: column t): A~_l = a_l E(l, 0),
-// R~_l = r_l E(l+1, 0), B^_l = b_l E(L, l+1), K^_l = k_l E(L, l+1); and E(L, 0).
+// Running decays down column j over chunk rows [from, to): a_l *= the decay of rows from .. l - 1, r_l *= that of
+// rows from .. l (returns the decay of the whole range); backwards, b_l and k_l *= the decay of rows l + 1 .. to - 1
+// (returns the same range's decay, multiplied in the other order).
 template <int N>
-__device__ __forceinline__ void scale_rows(Shared<N>& sm, int t) {
-  if (t >= N) return;
-  const int j = t;
+__device__ __forceinline__ float scale_from(Shared<N>& sm, int j, int from, int to) {
   float before = 1.f;
 #pragma unroll
-  for (int l = 0; l < kL; ++l) {
+  for (int l = from; l < to; ++l) {
     sm.a[l][j] *= before;
     before *= sm.d[l][j];
     sm.r[l][j] *= before;
   }
-  sm.decay_all[j] = before;
+  return before;
+}
+template <int N>
+__device__ __forceinline__ float scale_to(Shared<N>& sm, int j, int from, int to) {
   float rest = 1.f;
 #pragma unroll
-  for (int l = kL - 1; l >= 0; --l) {
+  for (int l = to - 1; l >= from; --l) {
     sm.b[l][j] *= rest;
     sm.k[l][j] *= rest;
     rest *= sm.d[l][j];
   }
+  return rest;
+}
+
+// The pairs across the two blocks of 8 positions (x > 8 >= y) in precision="bf16", as one [16][16] product on tensor
+// cores: E(x, y) = E(x, 8) E(8, y), so with rows scaled to the blocks' boundary (chunk rows 8.. of a, r from row 8,
+// rows ..7 of b, k to row 7: scale_from/scale_to over one block, column t < N), C = X Y^T over k with X rows a_x
+// (x = 9 + g, none at x = 16) and r_{x-1} (rows g + 8), Y rows b_m, k_m (m < 8: n tiles 0, 1). Both operands split
+// into hi/lo as every product of the bf16 mode. Warps 0 and 1 take an n tile each, every k step: the sum over k in
+// one accumulator, so the result does not depend on a reduction order.
+template <int N>
+__device__ __forceinline__ void cross_block_products(Shared<N>& sm, int t) {
+  const int warp = t / 32, g = t % 32 / 4, tq = t % 4;
+  if (warp >= 2) return;
+  const auto& Y = warp == 0 ? sm.b : sm.k;
+  float c[4] = {};
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    uint32_t x_hi[4], x_lo[4], y_hi[2], y_lo[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // A register i: row g + 8 (i % 2), columns k, k + 1
+      const int k = 16 * kk + 2 * tq + 8 * (i / 2);
+      const mma::Split x = i % 2 == 1 ? split2(&sm.r[8 + g][k]) : g < 7 ? split2(&sm.a[9 + g][k]) : mma::Split{0, 0};
+      x_hi[i] = x.hi, x_lo[i] = x.lo;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // B register h: Y[g][k, k + 1]
+      const mma::Split y = split2(&Y[g][16 * kk + 2 * tq + 8 * h]);
+      y_hi[h] = y.hi, y_lo[h] = y.lo;
+    }
+    mma::mma_split(c, x_hi, x_lo, y_hi, y_lo);
+  }
+  // C element i: row g + 8 (i / 2), column m = 2 tq + i % 2.
+  float(*ab)[kL] = warp == 0 ? sm.Ab : sm.Ak;
+  float(*qb)[kL] = warp == 0 ? sm.Qb : sm.Qk;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = 2 * tq + i % 2;
+    if (i >= 2) {
+      qb[8 + g][m] = c[i];
+    } else if (g < 7) {
+      ab[9 + g][m] = c[i];
+    }
+  }
+}
+
+// The scaled rows, in place, by running products down each k column (thread t < N: column t): A~_l = a_l E(l, 0),
+// R~_l = r_l E(l+1, 0), B^_l = b_l E(L, l+1), K^_l = k_l E(L, l+1); and E(L, 0). With kBlock < L the rows were
+// scaled within their blocks (cross_block_products): rows kBlock.. of a, r then take the first block's decay, rows
+// ..kBlock-1 of b, k the second's.
+template <int N, int kBlock>
+__device__ __forceinline__ void scale_rows(Shared<N>& sm, int t) {
+  if (t >= N) return;
+  const int j = t;
+  const float before = scale_from(sm, j, 0, kBlock);
+  const float rest = scale_to(sm, j, kL - kBlock, kL);
+#pragma unroll
+  for (int l = kBlock; l < kL; ++l) {
+    sm.a[l][j] *= before;
+    sm.r[l][j] *= before;
+    sm.b[l - kBlock][j] *= rest;
+    sm.k[l - kBlock][j] *= rest;
+  }
+  sm.decay_all[j] = kBlock == kL ? before : before * rest;
 }
 
 // A chunk's v-independent part into sm, each step behind a barrier (the first: the previous chunk's readers of sm
 // are done): its inputs, with load_more() beside them (a slice's per-row values), the masked products, the scaled
-// rows. No barrier after scale_rows: a thread may go on with the column it scaled.
+// rows. No barrier after scale_rows: a thread may go on with the column it scaled. In precision="bf16" the masked
+// products' pairs across the chunk's two halves run on tensor cores (cross_block_products): the per-pair loop
+// takes 9 steps instead of 17.
+template <Precision P>
+inline constexpr int kMaskedBlock = P == Precision::kBF16 ? kL / 2 : kL;
+
 template <int N, typename io_t, typename w_t, Precision P, typename Params, typename LoadMore>
 __device__ __forceinline__ void prepare_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len,
                                               int t, LoadMore&& load_more) {
+  constexpr int kBlock = kMaskedBlock<P>;
   __syncthreads();
   load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
   load_more();
   __syncthreads();
-  masked_products(sm, t);
+  masked_products<N, kBlock>(sm, t);
   __syncthreads();
-  scale_rows(sm, t);
+  if constexpr (kBlock < kL) {
+    if (t < N) {
+      scale_from(sm, t, kBlock, kL);
+      scale_to(sm, t, 0, kBlock);
+    }
+    __syncthreads();
+    cross_block_products(sm, t);
+    __syncthreads();
+  }
+  scale_rows<N, kBlock>(sm, t);
 }
 
 // Column j of T = (I - Ab)^{-1} (Ab strictly lower triangular, so T is unit lower triangular): T = I + Ab T, row by

@@ -2,7 +2,8 @@
 // model reads them instead of restating them: per head size the threads per block of the sequential forward and
 // backward, the backward's columns per thread and sub-chunk, the chunked forward's value slice per precision mode, the
 // chunked backward's value rows per pass and dynamic shared memory (its gradients kernel); the unroll of the backward's
-// column sums. Host code only (no kernel is launched): it runs without a GPU.
+// column sums, the chunked kernels' masked-product trips per precision mode. Host code only (no kernel is launched):
+// it runs without a GPU.
 #include <cstdio>
 
 #include "wkv7/wkv7_chunked_backward_kernels.cuh"
@@ -28,8 +29,11 @@ void print_head_size(const char* separator) {
 }  // namespace
 
 int main() {
-  std::printf("{\"column_unroll\": %d, \"chunked_threads\": %d, \"head_sizes\": {", wkv7_detail::kColumnUnroll,
-              wkv7_chunked_detail::kThreads);
+  // The chunked kernels' masked-product loop runs kMaskedBlock + 1 times per chunk.
+  std::printf("{\"column_unroll\": %d, \"chunked_threads\": %d, \"chunked_masked_trips\": %d, "
+              "\"chunked_masked_trips_bf16\": %d, \"head_sizes\": {", wkv7_detail::kColumnUnroll,
+              wkv7_chunked_detail::kThreads, wkv7_chunked_detail::kMaskedBlock<Precision::kFP32> + 1,
+              wkv7_chunked_detail::kMaskedBlock<Precision::kBF16> + 1);
   print_head_size<32>(", ");
   print_head_size<64>(", ");
   print_head_size<128>("");

@@ -215,9 +215,10 @@ SPILL_ALLOWED: dict = {
                                       "innermost loops: at the 255-register cap (the split products' operands), two "
                                       "64-bit row addresses reloaded once per k slice (benchmarks/NOTES.md)",
     "csrc/wkv7/wkv7_chunked_backward_n*.cu: chunked_gradients_kernel<*>":
-        "0-28 B, outside every loop: the window's first token across its pieces of sequences (16 B at N = 32 with "
-        "fp32 w in the bf16 mode, at 168 registers) and, at the 255-register cap (N = 64, 128), a few loop-invariant "
-        "offsets; each phase stays under the cap alone (benchmarks/NOTES.md, \"CUDA chunked backward\")",
+        "16-24 B at N = 64 and 128 (none at N = 32), outside every loop, at the 255-register cap: the loop over the "
+        "window's pieces of sequences keeps its bound (a 64-bit s_end) across the chunk's phases, and at N = 128 in "
+        "the fp32 mode a few loop-invariant offsets; each phase stays under the cap alone (benchmarks/NOTES.md, "
+        "\"CUDA chunked backward\")",
 }
 
 
