@@ -265,6 +265,7 @@ __device__ __forceinline__ void cross_block_products(Shared<N>& sm, int t) {
 // ..kBlock-1 of b, k the second's.
 template <int N, int kBlock>
 __device__ __forceinline__ void scale_rows(Shared<N>& sm, int t) {
+  static_assert(kBlock == kL || 2 * kBlock == kL, "the whole chunk or its two halves");
   if (t >= N) return;
   const int j = t;
   const float before = scale_from(sm, j, 0, kBlock);
@@ -279,14 +280,15 @@ __device__ __forceinline__ void scale_rows(Shared<N>& sm, int t) {
   sm.decay_all[j] = kBlock == kL ? before : before * rest;
 }
 
-// A chunk's v-independent part into sm, each step behind a barrier (the first: the previous chunk's readers of sm
-// are done): its inputs, with load_more() beside them (a slice's per-row values), the masked products, the scaled
-// rows. No barrier after scale_rows: a thread may go on with the column it scaled. In precision="bf16" the masked
-// products' pairs across the chunk's two halves run on tensor cores (cross_block_products): the per-pair loop
-// takes 9 steps instead of 17.
+// The positions per block of the masked products' decayed dots: the whole chunk in precision="fp32"; in
+// precision="bf16" its two halves, the pairs across them on tensor cores (cross_block_products), so that the per-pair
+// loop takes 9 steps instead of 17.
 template <Precision P>
 inline constexpr int kMaskedBlock = P == Precision::kBF16 ? kL / 2 : kL;
 
+// A chunk's v-independent part into sm, each step behind a barrier (the first: the previous chunk's readers of sm
+// are done): its inputs, with load_more() beside them (a slice's per-row values), the masked products, the scaled
+// rows. No barrier after scale_rows: a thread may go on with the column it scaled.
 template <int N, typename io_t, typename w_t, Precision P, typename Params, typename LoadMore>
 __device__ __forceinline__ void prepare_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len,
                                               int t, LoadMore&& load_more) {
