@@ -71,7 +71,7 @@ def _rne_bf16(x):
 @triton.jit
 def _load_in(ptr, offsets, LOW_PRECISION: tl.constexpr, mask=None):
     x = tl.load(ptr + offsets, mask=mask).to(tl.float32)
-    if LOW_PRECISION:
+    if LOW_PRECISION and ptr.dtype.element_ty != tl.bfloat16:  # bf16 inputs are bf16 already
         x = _rne_bf16(x)
     return x
 

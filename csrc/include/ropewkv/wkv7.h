@@ -51,11 +51,16 @@ inline bool decay_storage_of(DType io, DType w, DecayStorage& storage) {
   return false;
 }
 
+// Whether the bf16 mode rounds io_t values through bf16: not fp64 (which ignores the mode), not bf16 (exact already).
+template <Precision P, typename io_t>
+inline constexpr bool kRoundsThroughBF16 =
+    P == Precision::kBF16 && !std::is_same_v<io_t, double> && !std::is_same_v<io_t, bf16_t>;
+
 // An I/O value as the kernel sees it: widened, and in the bf16 mode rounded through bf16 first.
 template <Precision P, typename io_t>
 ROPEWKV_HD compute_t<io_t> load(io_t x) {
   const compute_t<io_t> v = widen(x);
-  if constexpr (P == Precision::kBF16 && !std::is_same_v<io_t, double>) return widen(narrow<bf16_t>(v));
+  if constexpr (kRoundsThroughBF16<P, io_t>) return widen(narrow<bf16_t>(v));
   return v;
 }
 
@@ -67,7 +72,7 @@ inline constexpr Precision kDecayMode = std::is_same_v<io_t, double> ? Precision
 // A computed value stored as an I/O value (through bf16 first in the bf16 mode).
 template <typename io_t, Precision P>
 ROPEWKV_HD io_t store(compute_t<io_t> x) {
-  if constexpr (P == Precision::kBF16 && !std::is_same_v<io_t, double>) return narrow<io_t>(widen(narrow<bf16_t>(x)));
+  if constexpr (kRoundsThroughBF16<P, io_t>) return narrow<io_t>(widen(narrow<bf16_t>(x)));
   return narrow<io_t>(x);
 }
 
