@@ -97,6 +97,31 @@ def test_wkv7_t_not_a_multiple_of_any_chunk(backend, seqlen, algorithm):
 
 
 @pytest.mark.parametrize("backend, algorithm", WKV7_KERNELS)
+def test_wkv7_inputs_one_element_off_alignment(backend, algorithm):
+    """r..b as contiguous views one element past their allocation's start: the CUDA chunked kernels load 4 values per
+    access, and the glue gives such views aligned copies. Outputs and gradients equal the aligned inputs', bit for
+    bit."""
+    inputs = rwkv7_inputs(1, 37, 2, 64, torch.bfloat16, "loglog", seeded(5), DEV, initial_state=True)
+
+    def run(tensors):
+        leaves = [x.detach().requires_grad_() for x in tensors]
+        with poisoned_outputs():
+            y, final = wkv7(*leaves, initial_state=inputs["initial_state"], output_final_state=True,
+                            backend=_backend(backend), algorithm=algorithm)
+            return (y, final, *torch.autograd.grad((y, final), leaves, (torch.ones_like(y), torch.ones_like(final))))
+
+    def off_by_one(x):
+        view = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view_as(x)
+        return view.copy_(x)
+
+    shifted = [off_by_one(inputs[n]) for n in NAMES]
+    assert all(x.storage_offset() == 1 and x.is_contiguous() for x in shifted)
+    for name, got, want in zip(["y", "final"] + [f"d{n}" for n in NAMES], run(shifted),
+                               run([inputs[n] for n in NAMES])):
+        assert torch.equal(got, want), f"{backend} {algorithm} {name}: differs with inputs off alignment"
+
+
+@pytest.mark.parametrize("backend, algorithm", WKV7_KERNELS)
 def test_wkv7_more_heads_than_sms_x32(backend, algorithm):
     heads = _sms() * 32 + 3
     inputs = rwkv7_inputs(1, 3, heads, 32, torch.float32, "raw", seeded(4), DEV, initial_state=True)

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const
   for (int64_t chunk_end = stop; chunk_end > start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
     const int len = int(chunk_end - q);
-    prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t,
+    prepare_chunk<N, io_t, w_t, P, 4>(sm, p, at, q, len, t,
                                    [&] { g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len); });
     if (t < N) substitute_rows(sm, t);  // the column scale_rows gave this thread
     __syncthreads();
@@ -590,7 +590,7 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   const io_t *v = static_cast<const io_t*>(p.v), *gy = static_cast<const io_t*>(p.grad_y);
   io_t* gv = static_cast<io_t*>(p.grad_v);
 
-  prepare_chunk<N, io_t, w_t, P>(sm.chunk, p, at, q, len, t, [] {});
+  prepare_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, q, len, t, [] {});
   for (int v_first = 0; v_first < N; v_first += kRows) {
     __syncthreads();  // the chunk's scaled rows are in; the previous pass's readers are done
     load_state_rows<N>(sm.s0, s0, s0_k_major, v_first, t);
@@ -611,7 +611,7 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   }
   __syncthreads();  // the contractions are in; the scaled rows are read no more
   // (At N = 128 a thread loads 16 rows. Their addresses, kept from the first load_chunk, spilled: 84 B with fp32 w.)
-  load_chunk<N, io_t, w_t, P>(sm.chunk, p, at, N == 128 ? opaque(q) : q, len, t);
+  load_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, N == 128 ? opaque(q) : q, len, t);
   __syncthreads();
   if (t < N) column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
 }

@@ -54,6 +54,17 @@ at::Tensor aligned(const at::Tensor& t, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % bytes == 0 ? t : t.clone();
 }
 
+// r, w, k, a, b for the kernels of the algorithm: the chunked ones load 4 values per access (load_chunk), so there
+// aligned to 4 elements (else aligned copies).
+template <bool CHUNKED>
+std::array<at::Tensor, 5> chunk_rows(const wkv7::Inputs& in) {
+  std::array<at::Tensor, 5> rows{in.r, in.w, in.k, in.a, in.b};
+  if constexpr (CHUNKED) {
+    for (at::Tensor& x : rows) x = aligned(x, 4 * x.element_size());
+  }
+  return rows;
+}
+
 template <typename T>
 const T* optional_ptr(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<T>() : nullptr;
@@ -77,13 +88,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda(
   at::Tensor y = new_output_like(in.r);
   at::Tensor final_state = wkv7::new_state(in, in.n_seqs);
   at::Tensor ckpt = wkv7::new_checkpoints(in, save_checkpoints);
+  const std::array<at::Tensor, 5> rwkab = chunk_rows<CHUNKED>(in);
   const cuda::Wkv7ForwardParams params{sizes_of(in, decay),
-                                       in.r.const_data_ptr(),
-                                       in.w.const_data_ptr(),
-                                       in.k.const_data_ptr(),
+                                       rwkab[0].const_data_ptr(),
+                                       rwkab[1].const_data_ptr(),
+                                       rwkab[2].const_data_ptr(),
                                        in.v.const_data_ptr(),
-                                       in.a.const_data_ptr(),
-                                       in.b.const_data_ptr(),
+                                       rwkab[3].const_data_ptr(),
+                                       rwkab[4].const_data_ptr(),
                                        optional_ptr<float>(in.initial_state),
                                        y.data_ptr(),
                                        final_state.data_ptr<float>(),
@@ -123,13 +135,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   std::array<at::Tensor, 6> grads;
   for (int i = 0; i < 6; ++i) grads[i] = new_output_like(i == 1 ? in.w : in.r);  // grad_w in w's dtype
   at::Tensor grad_s0 = wkv7::new_state(in, in.n_seqs);
+  const std::array<at::Tensor, 5> rwkab = chunk_rows<CHUNKED>(in);
   const cuda::Wkv7BackwardParams params{sizes_of(in, decay),
-                                        in.r.const_data_ptr(),
-                                        in.w.const_data_ptr(),
-                                        in.k.const_data_ptr(),
+                                        rwkab[0].const_data_ptr(),
+                                        rwkab[1].const_data_ptr(),
+                                        rwkab[2].const_data_ptr(),
                                         in.v.const_data_ptr(),
-                                        in.a.const_data_ptr(),
-                                        in.b.const_data_ptr(),
+                                        rwkab[3].const_data_ptr(),
+                                        rwkab[4].const_data_ptr(),
                                         optional_ptr<float>(in.initial_state),
                                         gy.const_data_ptr(),
                                         optional_ptr<float>(gs),

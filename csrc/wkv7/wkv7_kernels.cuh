@@ -369,17 +369,6 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
   for (int m = 0; m < kCols; ++m) p.grad_initial_state[t.task * kNN + int64_t(i) * N + Lanes::col(lane, m)] = g_row[m];
 }
 
-// 4 consecutive I/O values (one 16-, 8- or 16-byte load for fp32, fp16/bf16), widened; p aligned to 4 values.
-template <Precision P, typename T>
-__device__ __forceinline__ void load4(const T* p, float* out) {
-  struct alignas(4 * sizeof(T)) Pack {
-    T x[4];
-  };
-  const Pack pack = *reinterpret_cast<const Pack*>(p);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) out[q] = wkv7::load<P>(pack.x[q]);
-}
-
 // The decode step: one token, the state read and written in place with the lane map of wkv7::StepLanes (16-byte,
 // lane-contiguous accesses; each thread loads its 8 float4 before any math, so that they are all in flight).
 template <int N, typename io_t, typename w_t, Precision P>
@@ -391,11 +380,11 @@ __global__ void __launch_bounds__(wkv7::StepLanes<N>::kThreads) step_kernel(cons
   const int t = threadIdx.x;
   const int64_t vec = task * N + Lanes::col(t);
   float r4[4], d4[4], k4[4], a4[4], b4[4];
-  load4<P>(static_cast<const io_t*>(p.r) + vec, r4);
-  load4<wkv7::kDecayMode<P, io_t>>(static_cast<const w_t*>(p.w) + vec, d4);
-  load4<P>(static_cast<const io_t*>(p.k) + vec, k4);
-  load4<P>(static_cast<const io_t*>(p.a) + vec, a4);
-  load4<P>(static_cast<const io_t*>(p.b) + vec, b4);
+  wkv7::load4<P>(static_cast<const io_t*>(p.r) + vec, r4);
+  wkv7::load4<wkv7::kDecayMode<P, io_t>>(static_cast<const w_t*>(p.w) + vec, d4);
+  wkv7::load4<P>(static_cast<const io_t*>(p.k) + vec, k4);
+  wkv7::load4<P>(static_cast<const io_t*>(p.a) + vec, a4);
+  wkv7::load4<P>(static_cast<const io_t*>(p.b) + vec, b4);
 #pragma unroll
   for (int q = 0; q < 4; ++q) d4[q] = wkv7::decay_of(d4[q], decay);
   float4* state = reinterpret_cast<float4*>(p.state + task * N * N);

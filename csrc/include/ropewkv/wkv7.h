@@ -64,6 +64,17 @@ ROPEWKV_HD compute_t<io_t> load(io_t x) {
   return v;
 }
 
+// 4 consecutive I/O values as load() sees them, by one 16-, 8- or 16-byte access (fp32, fp16/bf16): p aligned to 4
+// values.
+template <Precision P, typename io_t>
+ROPEWKV_HD void load4(const io_t* p, compute_t<io_t>* out) {
+  struct alignas(4 * sizeof(io_t)) Pack {
+    io_t x[4];
+  };
+  const Pack pack = *reinterpret_cast<const Pack*>(p);
+  for (int i = 0; i < 4; ++i) out[i] = load<P>(pack.x[i]);
+}
+
 // The mode w (and its gradient) go through when w has its own type: the I/O's, except that fp64 I/O ignores the
 // mode (as load and store do for fp64 values).
 template <Precision P, typename io_t>
