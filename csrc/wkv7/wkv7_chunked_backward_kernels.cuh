@@ -27,15 +27,6 @@
 namespace ropewkv::cuda {
 namespace wkv7_chunked_detail {
 
-// x, as a value the compiler cannot match with one it computed before: addresses formed from it are formed again,
-// where keeping the earlier ones live would spill registers.
-__device__ __forceinline__ int64_t opaque(int64_t x) {
-#ifdef __CUDA_ARCH__
-  asm volatile("" : "+l"(x));
-#endif
-  return x;
-}
-
 // W = (I - Ab)^{-1} A~ and R' = R~ + Qb W in place of A~ and R~, column j: forward substitution, no division.
 template <int N>
 __device__ __forceinline__ void substitute_rows(Shared<N>& sm, int j) {
@@ -590,7 +581,7 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   const io_t *v = static_cast<const io_t*>(p.v), *gy = static_cast<const io_t*>(p.grad_y);
   io_t* gv = static_cast<io_t*>(p.grad_v);
 
-  prepare_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, q, len, t, [] {});
+  prepare_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, q, len, t, [] {});  // (4 values per thread: see below)
   for (int v_first = 0; v_first < N; v_first += kRows) {
     __syncthreads();  // the chunk's scaled rows are in; the previous pass's readers are done
     load_state_rows<N>(sm.s0, s0, s0_k_major, v_first, t);
@@ -610,8 +601,8 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
     }
   }
   __syncthreads();  // the contractions are in; the scaled rows are read no more
-  // (At N = 128 a thread loads 16 rows. Their addresses, kept from the first load_chunk, spilled: 84 B with fp32 w.)
-  load_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, N == 128 ? opaque(q) : q, len, t);
+  // 4 values per thread here (the first load, 4 too, spilled 40-148 B across the passes).
+  load_chunk<N, io_t, w_t, P, 4>(sm.chunk, p, at, q, len, t);
   __syncthreads();
   if (t < N) column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
 }

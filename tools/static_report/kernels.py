@@ -215,10 +215,10 @@ SPILL_ALLOWED: dict = {
                                       "innermost loops: at the 255-register cap (the split products' operands), two "
                                       "64-bit row addresses reloaded once per k slice (benchmarks/NOTES.md)",
     "csrc/wkv7/wkv7_chunked_backward_n*.cu: chunked_gradients_kernel<*>":
-        "16-24 B at N = 64 and 128 (none at N = 32), outside every loop, at the 255-register cap: the loop over the "
-        "window's pieces of sequences keeps its bound (a 64-bit s_end) across the chunk's phases, and at N = 128 in "
-        "the fp32 mode a few loop-invariant offsets; each phase stays under the cap alone (benchmarks/NOTES.md, "
-        "\"CUDA chunked backward\")",
+        "24-40 B at N = 64 and 128 (none at N = 32, nor at N = 128 in the bf16 mode), outside every loop, at the "
+        "255-register cap: the window's values (its batch row, first token, sequence bounds) stored at the kernel's "
+        "start and read back by the column phase's last stores; each phase stays under the cap alone "
+        "(benchmarks/NOTES.md, \"CUDA chunked backward\", \"4 values at a time\")",
 }
 
 
