@@ -581,7 +581,8 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   const io_t *v = static_cast<const io_t*>(p.v), *gy = static_cast<const io_t*>(p.grad_y);
   io_t* gv = static_cast<io_t*>(p.grad_v);
 
-  prepare_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, q, len, t, [] {});  // (4 values per thread: see below)
+  // One value per thread and load here: with 4, addresses kept across the passes spilled 40-148 B.
+  prepare_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, q, len, t, [] {});
   for (int v_first = 0; v_first < N; v_first += kRows) {
     __syncthreads();  // the chunk's scaled rows are in; the previous pass's readers are done
     load_state_rows<N>(sm.s0, s0, s0_k_major, v_first, t);
@@ -601,8 +602,7 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
     }
   }
   __syncthreads();  // the contractions are in; the scaled rows are read no more
-  // 4 values per thread here (the first load, 4 too, spilled 40-148 B across the passes).
-  load_chunk<N, io_t, w_t, P, 4>(sm.chunk, p, at, q, len, t);
+  load_chunk<N, io_t, w_t, P, 4>(sm.chunk, p, at, q, len, t);  // (no pass follows: 4 values per thread)
   __syncthreads();
   if (t < N) column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
 }

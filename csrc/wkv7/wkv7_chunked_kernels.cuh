@@ -112,7 +112,9 @@ __device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const Token
 // chunk zero, decay 1 (loaded from the chunk's last row and dropped). kWidth consecutive values of a row per thread
 // and pass: 4 (r..b aligned to 4 elements: the glue copies them where not) makes one address and one 8- or 16-byte
 // load per input and one 16-byte store per row of sm; the gradients kernel's first load takes 1 (at its register cap
-// the 4-value form spilled 40-148 B there). Params: the forward's or the backward's.
+// the 4-value form spilled 40-148 B there). The 1-value form is kept as it was, not as a loop over kWidth values: that
+// loop changed the gradients kernel's allocation (N = 128, fp32 mode: 24 -> 80 B of spills). Params: the forward's or
+// the backward's.
 template <int N, typename io_t, typename w_t, Precision P, int kWidth, typename Params>
 __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len, int t) {
   static_assert(kWidth == 1 || kWidth == 4, "one value or four");
@@ -326,7 +328,7 @@ __device__ __forceinline__ void prepare_chunk(Shared<N>& sm, const Params& p, To
   masked_products<N, kBlock>(sm, t);
   __syncthreads();
   if constexpr (kBlock < kL) {
-    if (t < N) {
+    if (t < N) {  // the rows on either side of the halves' boundary, scaled to it for cross_block_products
       scale_from(sm, t, kBlock, kL);
       scale_to(sm, t, 0, kBlock);
     }
