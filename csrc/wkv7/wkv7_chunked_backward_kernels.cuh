@@ -499,22 +499,36 @@ __device__ __forceinline__ void contract_rows(GradientShared<N>& sm, bool first,
 // a_x ta + r_{x-1} tr (ta, tr: its terms of da_x, dr_{x-1}) equals b_{y-1} tb + k_{y-1} tk (tb, tk: its terms of
 // db_{y-1}, dk_{y-1}), so the pairs' +c[x] parts are summed once per x (a_x da_x + r_{x-1} dr_{x-1}) and their -c[y]
 // parts once per y (b_{y-1} db_{y-1} + k_{y-1} dk_{y-1}), not per pair. sm.chunk holds the raw inputs (loaded again:
-// read from shared memory, they need no registers across the pairs). da_x and dr_{x-1} are complete after position x
-// and stored then; db, dk and dc stay in registers to the end. Gradients stored for rows < len.
-template <int N, typename io_t, typename w_t, Precision P, typename Params>
-__device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, const Params& p, TokenIndex at,
-                                                 int64_t q, int len, int j) {
+// read from shared memory, they need no registers across the pairs). Gradients stored for rows < len.
+// At N <= 64 two threads take a column (one per column left half the block idle): ColumnSplit.
+template <int N>
+struct ColumnSplit {
+  static constexpr int kGroups = 2 * N <= kThreads ? 2 : 1;
+  // The first thread's pairs: x <= kFirstLast, 66 of the 136 (x pairs at each x); the second's the other 70, so that
+  // both finish together. The second's sums of db, dk and dc then go through shared memory to the first, which runs
+  // column_tail alone (it needs every pair's sums).
+  static constexpr int kFirstLast = kGroups == 2 ? 11 : kL;
+  static_assert(kGroups == 1 || GradientRows<N>::kRows >= 2 * kL, "the second thread's db and dk fit sm.s0's rows");
+};
+
+struct ColumnSums {
+  float db[kL], dk[kL], dc[kL + 1];
+};
+
+// The pairs with x in [kFirst, kLast] into s; da_x and dr_{x-1} are complete after position x and stored then.
+template <int kFirst, int kLast, int N, typename io_t, Precision P, typename Params>
+__device__ __forceinline__ void column_pairs(const GradientShared<N>& sm, const Params& p, TokenIndex at, int64_t q,
+                                             int len, int j, ColumnSums& s) {
   const Shared<N>& c = sm.chunk;
-  io_t *gr = static_cast<io_t*>(p.grad_r), *gk = static_cast<io_t*>(p.grad_k);
-  io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
-  float db[kL] = {}, dk[kL] = {}, dc[kL + 1] = {};
-  if (len > 0) ga[at(q) + j] = wkv7::store<io_t, P>(sm.dA[0][j]);  // A~_0 = a_0: no decay, no masked pair
+  io_t *gr = static_cast<io_t*>(p.grad_r), *ga = static_cast<io_t*>(p.grad_a);
+  if (kFirst == 1 && len > 0) ga[at(q) + j] = wkv7::store<io_t, P>(sm.dA[0][j]);  // A~_0 = a_0: no decay, no pair
   float before = 1.f;  // E(x, 0)
-  // Pairs (x, y), 1 <= y <= x <= L: Ab[x][y-1], Ak (rows a_x, x < L) and Qb[x-1][y-1], Qk (rows r_{x-1}) against
-  // b_{y-1}, k_{y-1}, decayed by E(x, y) = exp(c[x] - c[y]).
+  // Pairs (x, y), 1 <= y <= x: Ab[x][y-1], Ak (rows a_x, x < L) and Qb[x-1][y-1], Qk (rows r_{x-1}) against b_{y-1},
+  // k_{y-1}, decayed by E(x, y) = exp(c[x] - c[y]).
 #pragma unroll
-  for (int x = 1; x <= kL; ++x) {
+  for (int x = 1; x <= kLast; ++x) {
     before *= c.d[x - 1][j];
+    if (x < kFirst) continue;
     const float ax = x < kL ? c.a[x][j] : 0.f, rx = c.r[x - 1][j];
     float e = 1.f, da = x < kL ? sm.dA[x][j] * before : 0.f, dr = sm.dR[x - 1][j] * before;
 #pragma unroll
@@ -526,15 +540,23 @@ __device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, co
       const float ta = fmaf(ab, bm, ak * km) * e, tr = fmaf(qb, bm, qk * km) * e;
       da += ta;
       dr += tr;
-      db[m] = fmaf(fmaf(ab, ax, qb * rx), e, db[m]);
-      dk[m] = fmaf(fmaf(ak, ax, qk * rx), e, dk[m]);
+      s.db[m] = fmaf(fmaf(ab, ax, qb * rx), e, s.db[m]);
+      s.dk[m] = fmaf(fmaf(ak, ax, qk * rx), e, s.dk[m]);
       e *= c.d[m][j];
     }
-    dc[x] += fmaf(ax, da, rx * dr);  // A~_x dA~_x + R~_{x-1} dR~_{x-1} and the pairs (x, .): c[x]
+    s.dc[x] += fmaf(ax, da, rx * dr);  // A~_x dA~_x + R~_{x-1} dR~_{x-1} and the pairs (x, .): c[x]
     if (x < len) ga[at(q + x) + j] = wkv7::store<io_t, P>(da);
     if (x - 1 < len) gr[at(q + x - 1) + j] = wkv7::store<io_t, P>(dr);
   }
-  dc[kL] += sm.de[j] * before;  // E(L, 0)
+  if (kLast == kL) s.dc[kL] += sm.de[j] * before;  // E(L, 0)
+}
+
+// The rest of column j once s holds every pair's sums: the scaled rows B^, K^ and each row's decay; db, dk, dw stored.
+template <int N, typename io_t, typename w_t, Precision P, typename Params>
+__device__ __forceinline__ void column_tail(const GradientShared<N>& sm, const Params& p, TokenIndex at, int64_t q,
+                                            int len, int j, ColumnSums& s) {
+  const Shared<N>& c = sm.chunk;
+  io_t *gk = static_cast<io_t*>(p.grad_k), *gb = static_cast<io_t*>(p.grad_b);
   const w_t* w = static_cast<const w_t*>(p.w);
   w_t* gw = static_cast<w_t*>(p.grad_w);
   const Decay decay = static_cast<Decay>(p.size.decay);
@@ -543,21 +565,54 @@ __device__ __forceinline__ void column_gradients(const GradientShared<N>& sm, co
 #pragma unroll
   for (int l = kL - 1; l >= 0; --l) {
     const float dbh = sm.dB[l][j] * rest, dkh = sm.dK[l][j] * rest, bl = c.b[l][j], kl = c.k[l][j];
-    dc[kL] = fmaf(bl, dbh, fmaf(kl, dkh, dc[kL]));  // B^_l dB^_l + K^_l dK^_l: +c[L]
-    db[l] += dbh;
-    dk[l] += dkh;
-    dc[l + 1] -= fmaf(bl, db[l], kl * dk[l]);  // the same, and the pairs (., l + 1): -c[l + 1]
+    s.dc[kL] = fmaf(bl, dbh, fmaf(kl, dkh, s.dc[kL]));  // B^_l dB^_l + K^_l dK^_l: +c[L]
+    s.db[l] += dbh;
+    s.dk[l] += dkh;
+    s.dc[l + 1] -= fmaf(bl, s.db[l], kl * s.dk[l]);  // the same, and the pairs (., l + 1): -c[l + 1]
     rest *= c.d[l][j];
   }
 #pragma unroll
   for (int l = kL - 1; l >= 0; --l) {
-    dlog += dc[l + 1];
+    dlog += s.dc[l + 1];
     if (l >= len) continue;
     const int64_t idx = at(q + l) + j;
-    gk[idx] = wkv7::store<io_t, P>(dk[l]);
-    gb[idx] = wkv7::store<io_t, P>(db[l]);
+    gk[idx] = wkv7::store<io_t, P>(s.dk[l]);
+    gb[idx] = wkv7::store<io_t, P>(s.db[l]);
     gw[idx] = wkv7::store<w_t, kW>(dlog * wkv7::log_decay_grad(wkv7::load<kW>(w[idx]), decay));
   }
+}
+
+// The column phase (after the passes, sm.chunk holding the raw inputs again): threads [0, N) and, with two threads per
+// column, [N, 2N). The second writes its sums into sm.s0 (db, dk) and sm.g (dc), free after the passes.
+template <int N, typename io_t, typename w_t, Precision P, typename Params>
+__device__ __forceinline__ void column_gradients(GradientShared<N>& sm, const Params& p, TokenIndex at, int64_t q,
+                                                 int len, int t) {
+  using Split = ColumnSplit<N>;
+  ColumnSums s = {};
+  const int j = t % N;
+  if (t < N) {
+    column_pairs<1, Split::kFirstLast, N, io_t, P>(sm, p, at, q, len, j, s);
+  } else if (Split::kGroups == 2 && t < 2 * N) {
+    column_pairs<Split::kFirstLast + 1, kL, N, io_t, P>(sm, p, at, q, len, j, s);
+#pragma unroll
+    for (int l = 0; l < kL; ++l) {
+      sm.s0[l][j] = s.db[l];
+      sm.s0[kL + l][j] = s.dk[l];
+      sm.g[l][j] = s.dc[l + 1];
+    }
+  }
+  if constexpr (Split::kGroups == 2) {
+    __syncthreads();
+    if (t < N) {
+#pragma unroll
+      for (int l = 0; l < kL; ++l) {
+        s.db[l] += sm.s0[l][j];
+        s.dk[l] += sm.s0[kL + l][j];
+        s.dc[l + 1] += sm.g[l][j];
+      }
+    }
+  }
+  if (t < N) column_tail<N, io_t, w_t, P>(sm, p, at, q, len, j, s);
 }
 
 // The gradients of one chunk [q, q + len) of a sequence starting at `start` and ending at `stop`.
@@ -604,7 +659,7 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   __syncthreads();  // the contractions are in; the scaled rows are read no more
   load_chunk<N, io_t, w_t, P, 4>(sm.chunk, p, at, q, len, t);  // (no pass follows: 4 values per thread)
   __syncthreads();
-  if (t < N) column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
+  column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
 }
 
 template <int N, typename io_t, typename w_t, Precision P>
