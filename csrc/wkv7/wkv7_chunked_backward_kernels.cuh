@@ -13,9 +13,9 @@
 //    every chunk at once.
 // Chunks, rows past a chunk and the v-independent part (loads, decays, masked products, scaled rows) are the
 // forward's (wkv7_chunked_kernels.cuh). Math in fp32 FMAs, except that in precision="bf16" (which rounds the I/O as
-// everywhere) pass 1's state step and the gradients kernel's row products and contractions over v run on bf16 tensor
-// cores with the forward's hi/lo split; nothing is divided, and every decay between two positions is a running
-// product over that range.
+// everywhere) pass 1's state step and the gradients kernel's row products, substitutions (through T = (I - Ab)^{-1},
+// as the forward's step) and contractions over v run on bf16 tensor cores with the forward's hi/lo split; nothing is
+// divided, and every decay between two positions is a running product over that range.
 #include "wkv7_chunked_kernels.cuh"
 
 // The block's dynamic shared memory (16-byte aligned, sized at launch): the gradients kernel's passes need more than
@@ -352,11 +352,125 @@ __device__ __forceinline__ void contract_rows_mma(GradientShared<N>& sm, bool fi
   }
 }
 
+// precision="bf16": B fragments (hi, lo) of a masked [L][L] block (its entries outside the mask are never written:
+// read as zero) for the output columns 8 nt .. 8 nt + 7, lane 4 g + tq, register h: of M^T (kTransposed; B[k][n] =
+// M[8 nt + n][k], kept where k < or <= 8 nt + n, as MmaSlice::masked_fragment) or of M itself (B[k][n] =
+// M[k][8 nt + n], kept where 8 nt + n < or <= k), k = 2 tq + 8 h and k + 1.
+template <bool kTransposed, bool kStrict>
+__device__ __forceinline__ void masked_fragment(const float (&M)[kL][kL], int nt, int g, int tq, uint32_t (&hi)[2],
+                                                uint32_t (&lo)[2]) {
+  const int n = 8 * nt + g;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int k = 2 * tq + 8 * h;
+    float x[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = kTransposed ? n : k + e, col = kTransposed ? k + e : n;
+      x[e] = (kStrict ? col < row : col <= row) ? M[row][col] : 0.f;
+    }
+    const mma::Split split = mma::split_bf16x2(x[0], x[1]);
+    hi[h] = split.hi;
+    lo[h] = split.lo;
+  }
+}
+
+// d += A B over both C tiles of d ([16][16] as two [16][8]) for the masked block's fragments (masked_fragment): A split
+// (a_lo given) or exact in bf16 (dY^T, V^T: a_lo null).
+template <bool kTransposed, bool kStrict>
+__device__ __forceinline__ void add_times_masked(float (&d)[2][4], const uint32_t (&a)[4], const uint32_t (*a_lo)[4],
+                                                 const float (&M)[kL][kL], int g, int tq) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    uint32_t hi[2], lo[2];
+    masked_fragment<kTransposed, kStrict>(M, nt, g, tq, hi, lo);
+    if (a_lo != nullptr) {
+      mma::mma_split(d[nt], a, *a_lo, hi, lo);
+    } else {
+      mma::mma_exact_a(d[nt], a, hi, lo);
+    }
+  }
+}
+
+// The [v][l] block rows v0 .. v0 + 15 of X ([value row][chunk row] in shared memory) as two C tiles (element i: row
+// v0 + g + 8 (i / 2), column 8 nt + 2 tq + i % 2), and back.
+template <int kRowL>
+__device__ __forceinline__ void load_tiles(const float (*X)[kRowL], int v0, int g, int tq, float (&d)[2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[nt][i] = X[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2];
+}
+template <int kRowL>
+__device__ __forceinline__ void store_tiles(float (*X)[kRowL], int v0, int g, int tq, const float (&d)[2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) X[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2] = d[nt][i];
+}
+
+// The A fragment of rows v0 .. v0 + 15 of X, exact in bf16 (dY, V in this mode): register i = X[v0 + g + 8 (i % 2)]
+// [2 tq + 8 (i / 2), + 1].
+template <int kRowL>
+__device__ __forceinline__ void exact_fragment(const float (*X)[kRowL], int v0, int g, int tq, uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float* x = &X[v0 + g + 8 * (i % 2)][2 * tq + 8 * (i / 2)];
+    a[i] = mma::pack_bf16x2(x[0], x[1]);
+  }
+}
+
+// precision="bf16": the substitutions as [16][16] products on tensor cores with T = (I - Ab)^{-1} (sm.chunk.T), per
+// 16 value rows: U^T = (U0^T + V^T Ak^T) T^T (the forward's step), dU^T = dU0^T + dY^T Qb, dX^T = dU^T T and
+// dV^T = dV0^T + dY^T Qk + dX^T Ak; U0, dU0, dV0 (row_products_mma) in, U and dX out in place, dV stored. A warp per
+// job (16 value rows, U or dX and dV), the warps in turn.
+template <int N, typename io_t, Precision P>
+__device__ __forceinline__ void substitutions_mma(GradientShared<N>& sm, io_t* gv, TokenIndex at, int64_t q, int len,
+                                                  int v_first, int t) {
+  constexpr int kMTiles = GradientRows<N>::kRows / 16;
+  const int g = t % 32 / 4, tq = t % 4;
+  const Shared<N>& c = sm.chunk;
+#pragma unroll 1
+  for (int job = t / 32; job < 2 * kMTiles; job += kThreads / 32) {
+    const int v0 = 16 * (job % kMTiles);
+    if (job < kMTiles) {
+      float x[2][4], u[2][4] = {};
+      uint32_t vt[4], x_hi[4], x_lo[4];
+      load_tiles(sm.u, v0, g, tq, x);
+      exact_fragment(sm.v, v0, g, tq, vt);
+      add_times_masked<true, true>(x, vt, nullptr, c.Ak, g, tq);
+      MmaSlice<N, 16, io_t, P>::a_fragment(x[0], x[1], x_hi, x_lo);
+      add_times_masked<true, false>(u, x_hi, &x_lo, c.T, g, tq);
+      store_tiles(sm.u, v0, g, tq, u);
+    } else {
+      float du[2][4], dx[2][4] = {}, dv[2][4];
+      uint32_t dy[4], hi[4], lo[4];
+      load_tiles(sm.dx, v0, g, tq, du);
+      load_tiles(sm.dv, v0, g, tq, dv);
+      exact_fragment(sm.dy, v0, g, tq, dy);
+      add_times_masked<false, false>(du, dy, nullptr, c.Qb, g, tq);
+      add_times_masked<false, false>(dv, dy, nullptr, c.Qk, g, tq);
+      MmaSlice<N, 16, io_t, P>::a_fragment(du[0], du[1], hi, lo);
+      add_times_masked<false, false>(dx, hi, &lo, c.T, g, tq);
+      store_tiles(sm.dx, v0, g, tq, dx);
+      MmaSlice<N, 16, io_t, P>::a_fragment(dx[0], dx[1], hi, lo);
+      add_times_masked<false, true>(dv, hi, &lo, c.Ak, g, tq);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int l = 8 * nt + 2 * tq + i % 2;
+          if (l < len) gv[at(q + l) + v_first + v0 + g + 8 * (i / 2)] = wkv7::store<io_t, P>(dv[nt][i]);
+        }
+    }
+  }
+}
+
 // The row-wise part: U = (I - Ab)^{-1} (A~ S_0^T + Ak V), dU = B^ G^T + Qb^T dY, dX = (I - Ab)^{-T} dU (back
 // substitution), dV = K^ G^T + Qk^T dY + Ak^T dX; dv stored, U and dX into shared memory for the contractions.
 // First the products with S_0 and G (thread: value row vi, segment seg of k), then the substitutions with a lane per
 // value row, U in warp 0 and dU, dX, dV in warp 1 (on every row's lanes instead, each warp issued both for its
-// rows, at 4 x the cost).
+// rows, at 4 x the cost). precision="bf16": both on tensor cores (row_products_mma, substitutions_mma).
 template <int N, typename io_t, Precision P>
 __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, TokenIndex at, int64_t q, int len,
                                               int v_first, int t) {
@@ -366,6 +480,9 @@ __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, T
   const Shared<N>& c = sm.chunk;
   if constexpr (P == Precision::kBF16) {
     row_products_mma(sm, t);
+    __syncthreads();
+    substitutions_mma<N, io_t, P>(sm, gv, at, q, len, v_first, t);
+    return;
   } else {
     const int vi = t / kSegs, seg = t % kSegs;
     row_products<N>(sm.s0[vi], c.a, sm.u[vi], seg);  // A~ S_0^T
@@ -638,6 +755,10 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
 
   // One value per thread and load here: with 4, addresses kept across the passes spilled 40-148 B.
   prepare_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, q, len, t, [] {});
+  // T for substitutions_mma, on the last 16 threads (idle in scale_rows below N = 128).
+  if constexpr (P == Precision::kBF16) {
+    if (t >= kThreads - kL) invert_unit_lower(sm.chunk, t - (kThreads - kL));
+  }
   for (int v_first = 0; v_first < N; v_first += kRows) {
     __syncthreads();  // the chunk's scaled rows are in; the previous pass's readers are done
     load_state_rows<N>(sm.s0, s0, s0_k_major, v_first, t);
