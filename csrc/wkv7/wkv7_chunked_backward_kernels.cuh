@@ -753,8 +753,9 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   const io_t *v = static_cast<const io_t*>(p.v), *gy = static_cast<const io_t*>(p.grad_y);
   io_t* gv = static_cast<io_t*>(p.grad_v);
 
-  // One value per thread and load here: with 4, addresses kept across the passes spilled 40-148 B.
-  prepare_chunk<N, io_t, w_t, P, 1>(sm.chunk, p, at, q, len, t, [] {});
+  // 4 values per thread and load in the bf16 mode; 1 in the fp32 mode, where 4 kept addresses across the passes at
+  // the register cap (spilled 40-148 B).
+  prepare_chunk<N, io_t, w_t, P, P == Precision::kBF16 ? 4 : 1>(sm.chunk, p, at, q, len, t, [] {});
   // T for substitutions_mma, on the last 16 threads (idle in scale_rows below N = 128).
   if constexpr (P == Precision::kBF16) {
     if (t >= kThreads - kL) invert_unit_lower(sm.chunk, t - (kThreads - kL));

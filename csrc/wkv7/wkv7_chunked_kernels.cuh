@@ -111,8 +111,8 @@ __device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const Token
 // The chunk's inputs r, k, a, b and the decays into sm, widened (bf16-rounded first in the bf16 mode); rows past the
 // chunk zero, decay 1 (loaded from the chunk's last row and dropped). kWidth consecutive values of a row per thread
 // and pass: 4 (r..b aligned to 4 elements: the glue copies them where not) makes one address and one 8- or 16-byte
-// load per input and one 16-byte store per row of sm; the gradients kernel's first load takes 1 (at its register cap
-// the 4-value form spilled 40-148 B there). The 1-value form is kept as it was, not as a loop over kWidth values: that
+// load per input and one 16-byte store per row of sm; the gradients kernel's first load takes 1 in the fp32 mode (at
+// its register cap the 4-value form spilled 40-148 B there). The 1-value form is kept as it was, not as a loop over kWidth values: that
 // loop changed the gradients kernel's allocation (N = 128, fp32 mode: 24 -> 80 B of spills). Params: the forward's or
 // the backward's.
 template <int N, typename io_t, typename w_t, Precision P, int kWidth, typename Params>
