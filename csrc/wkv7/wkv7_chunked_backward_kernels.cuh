@@ -92,7 +92,7 @@ __device__ __forceinline__ void cotangent_step(MmaSlice<N, VS, io_t, P>& slice, 
   slice.template state_times_transposed<1>(z, {sm.b});
   // G <- G diag(E(L, 0)) + Z^T W + dY^T R'.
   uint32_t z_hi[4], z_lo[4];
-  Slice::a_fragment(z[0][0], z[0][1], z_hi, z_lo);
+  a_fragment(z[0][0], z[0][1], z_hi, z_lo);
   slice.update_state(sm, z_hi, z_lo, sm.a, sm.r);
 }
 
@@ -352,46 +352,6 @@ __device__ __forceinline__ void contract_rows_mma(GradientShared<N>& sm, bool fi
   }
 }
 
-// precision="bf16": B fragments (hi, lo) of a masked [L][L] block (its entries outside the mask are never written:
-// read as zero) for the output columns 8 nt .. 8 nt + 7, lane 4 g + tq, register h: of M^T (kTransposed; B[k][n] =
-// M[8 nt + n][k], kept where k < or <= 8 nt + n, as MmaSlice::masked_fragment) or of M itself (B[k][n] =
-// M[k][8 nt + n], kept where 8 nt + n < or <= k), k = 2 tq + 8 h and k + 1.
-template <bool kTransposed, bool kStrict>
-__device__ __forceinline__ void masked_fragment(const float (&M)[kL][kL], int nt, int g, int tq, uint32_t (&hi)[2],
-                                                uint32_t (&lo)[2]) {
-  const int n = 8 * nt + g;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int k = 2 * tq + 8 * h;
-    float x[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int row = kTransposed ? n : k + e, col = kTransposed ? k + e : n;
-      x[e] = (kStrict ? col < row : col <= row) ? M[row][col] : 0.f;
-    }
-    const mma::Split split = mma::split_bf16x2(x[0], x[1]);
-    hi[h] = split.hi;
-    lo[h] = split.lo;
-  }
-}
-
-// d += A B over both C tiles of d ([16][16] as two [16][8]) for the masked block's fragments (masked_fragment): A split
-// (a_lo given) or exact in bf16 (dY^T, V^T: a_lo null).
-template <bool kTransposed, bool kStrict>
-__device__ __forceinline__ void add_times_masked(float (&d)[2][4], const uint32_t (&a)[4], const uint32_t (*a_lo)[4],
-                                                 const float (&M)[kL][kL], int g, int tq) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    uint32_t hi[2], lo[2];
-    masked_fragment<kTransposed, kStrict>(M, nt, g, tq, hi, lo);
-    if (a_lo != nullptr) {
-      mma::mma_split(d[nt], a, *a_lo, hi, lo);
-    } else {
-      mma::mma_exact_a(d[nt], a, hi, lo);
-    }
-  }
-}
-
 // The [v][l] block rows v0 .. v0 + 15 of X ([value row][chunk row] in shared memory) as two C tiles (element i: row
 // v0 + g + 8 (i / 2), column 8 nt + 2 tq + i % 2), and back.
 template <int kRowL>
@@ -435,12 +395,10 @@ __device__ __forceinline__ void substitutions_mma(GradientShared<N>& sm, io_t* g
     const int v0 = 16 * (job % kMTiles);
     if (job < kMTiles) {
       float x[2][4], u[2][4] = {};
-      uint32_t vt[4], x_hi[4], x_lo[4];
+      uint32_t vt[4];
       load_tiles(sm.u, v0, g, tq, x);
       exact_fragment(sm.v, v0, g, tq, vt);
-      add_times_masked<true, true>(x, vt, nullptr, c.Ak, g, tq);
-      MmaSlice<N, 16, io_t, P>::a_fragment(x[0], x[1], x_hi, x_lo);
-      add_times_masked<true, false>(u, x_hi, &x_lo, c.T, g, tq);
+      substitute_u_mma(x, vt, c, g, tq, u);
       store_tiles(sm.u, v0, g, tq, u);
     } else {
       float du[2][4], dx[2][4] = {}, dv[2][4];
@@ -450,10 +408,10 @@ __device__ __forceinline__ void substitutions_mma(GradientShared<N>& sm, io_t* g
       exact_fragment(sm.dy, v0, g, tq, dy);
       add_times_masked<false, false>(du, dy, nullptr, c.Qb, g, tq);
       add_times_masked<false, false>(dv, dy, nullptr, c.Qk, g, tq);
-      MmaSlice<N, 16, io_t, P>::a_fragment(du[0], du[1], hi, lo);
+      a_fragment(du[0], du[1], hi, lo);
       add_times_masked<false, false>(dx, hi, &lo, c.T, g, tq);
       store_tiles(sm.dx, v0, g, tq, dx);
-      MmaSlice<N, 16, io_t, P>::a_fragment(dx[0], dx[1], hi, lo);
+      a_fragment(dx[0], dx[1], hi, lo);
       add_times_masked<false, true>(dv, hi, &lo, c.Ak, g, tq);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)

@@ -112,9 +112,9 @@ __device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const Token
 // chunk zero, decay 1 (loaded from the chunk's last row and dropped). kWidth consecutive values of a row per thread
 // and pass: 4 (r..b aligned to 4 elements: the glue copies them where not) makes one address and one 8- or 16-byte
 // load per input and one 16-byte store per row of sm; the gradients kernel's first load takes 1 in the fp32 mode (at
-// its register cap the 4-value form spilled 40-148 B there). The 1-value form is kept as it was, not as a loop over kWidth values: that
-// loop changed the gradients kernel's allocation (N = 128, fp32 mode: 24 -> 80 B of spills). Params: the forward's or
-// the backward's.
+// its register cap the 4-value form spilled 40-148 B there). The 1-value form is kept as it was, not as a loop over
+// kWidth values: that loop changed the gradients kernel's allocation (N = 128, fp32 mode: 24 -> 80 B of spills).
+// Params: the forward's or the backward's.
 template <int N, typename io_t, typename w_t, Precision P, int kWidth, typename Params>
 __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len, int t) {
   static_assert(kWidth == 1 || kWidth == 4, "one value or four");
@@ -470,6 +470,70 @@ struct SimtSlice {
   }
 };
 
+// The tensor-core forms' fragments (mma.sync m16n8k16, ropewkv/mma_bf16.cuh: lane 4 g + t) of [16][16] blocks.
+// The A fragment (hi, lo) of a block held as two C tiles (columns 0-7 and 8-15; element i: row g + 8 (i / 2), column
+// 2 t + i % 2).
+__device__ __forceinline__ void a_fragment(const float (&left)[4], const float (&right)[4], uint32_t (&hi)[4],
+                                           uint32_t (&lo)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float* tile = i < 2 ? left : right;
+    const mma::Split s = mma::split_bf16x2(tile[2 * (i % 2)], tile[2 * (i % 2) + 1]);
+    hi[i] = s.hi;
+    lo[i] = s.lo;
+  }
+}
+
+// B fragments (hi, lo) of a masked [L][L] block (its entries outside the mask are never written: read as zero) for
+// the output columns 8 nt .. 8 nt + 7, register h: of M^T (kTransposed; B[k][n] = M[8 nt + n][k], kept where k < or
+// <= 8 nt + n) or of M itself (B[k][n] = M[k][8 nt + n], kept where 8 nt + n < or <= k), k = 2 t + 8 h and k + 1.
+template <bool kTransposed, bool kStrict>
+__device__ __forceinline__ void masked_fragment(const float (&M)[kL][kL], int nt, int g, int t, uint32_t (&hi)[2],
+                                                uint32_t (&lo)[2]) {
+  const int n = 8 * nt + g;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int k = 2 * t + 8 * h;
+    float x[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = kTransposed ? n : k + e, col = kTransposed ? k + e : n;
+      x[e] = (kStrict ? col < row : col <= row) ? M[row][col] : 0.f;
+    }
+    const mma::Split split = mma::split_bf16x2(x[0], x[1]);
+    hi[h] = split.hi;
+    lo[h] = split.lo;
+  }
+}
+
+// d += A B (both C tiles of d) with B a masked [L][L] block's fragments (masked_fragment): A split (a_lo given) or
+// exact in bf16 (V^T, dY^T: a_lo null).
+template <bool kTransposed, bool kStrict>
+__device__ __forceinline__ void add_times_masked(float (&d)[2][4], const uint32_t (&a)[4], const uint32_t (*a_lo)[4],
+                                                 const float (&M)[kL][kL], int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    uint32_t hi[2], lo[2];
+    masked_fragment<kTransposed, kStrict>(M, nt, g, t, hi, lo);
+    if (a_lo != nullptr) {
+      mma::mma_split(d[nt], a, *a_lo, hi, lo);
+    } else {
+      mma::mma_exact_a(d[nt], a, hi, lo);
+    }
+  }
+}
+
+// U^T = (X^T + V^T Ak^T) T^T for 16 value rows (X^T = S A~^T in the forward, U0^T in the backward: two C tiles, added
+// to in place; vt: V^T, exact in bf16), T = (I - Ab)^{-1}: the forward substitution as two products.
+template <int N>
+__device__ __forceinline__ void substitute_u_mma(float (&x)[2][4], const uint32_t (&vt)[4], const Shared<N>& sm, int g,
+                                                 int t, float (&u)[2][4]) {
+  add_times_masked<true, true>(x, vt, nullptr, sm.Ak, g, t);
+  uint32_t x_hi[4], x_lo[4];
+  a_fragment(x[0], x[1], x_hi, x_lo);
+  add_times_masked<true, false>(u, x_hi, &x_lo, sm.T, g, t);
+}
+
 // precision="bf16": the block's VS value rows on bf16 tensor cores. Warp w < VS / 16 owns value rows v0 .. v0 + 15
 // and computes, as 16-row transposed products (M = value rows, ropewkv/mma_bf16.cuh's fragments; lane = 4 g + t):
 //   X^T = S A~^T + V^T Ak^T,  U^T = X^T T^T,  Y^T = S R~^T + U^T Qb^T + V^T Qk^T,
@@ -535,46 +599,6 @@ struct MmaSlice {
     }
   }
 
-  // The B fragment (hi, lo) of M^T for an [L][L] block M, output columns (chunk rows) 8 nt .. 8 nt + 7: M[8 nt + g]
-  // [2t, 2t + 1] and [2t + 8, 2t + 9], zero outside the mask m < l (strict) or m <= l.
-  __device__ __forceinline__ void masked_fragment(const float (&M)[kL][kL], int nt, bool strict, uint32_t (&hi)[2],
-                                                  uint32_t (&lo)[2]) const {
-    const int l = 8 * nt + g;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = 2 * t + 8 * h;
-      const bool in0 = strict ? m < l : m <= l, in1 = strict ? m + 1 < l : m + 1 <= l;
-      const mma::Split s = mma::split_bf16x2(in0 ? M[l][m] : 0.f, in1 ? M[l][m + 1] : 0.f);
-      hi[h] = s.hi;
-      lo[h] = s.lo;
-    }
-  }
-  // d += A M^T (both C tiles of d) for an [L][L] block M: A split (a_lo given) or exact in bf16 (V^T: a_lo null).
-  __device__ __forceinline__ void add_times_masked(float (&d)[2][4], const uint32_t (&a)[4], const uint32_t (*a_lo)[4],
-                                                   const float (&M)[kL][kL], bool strict) const {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      uint32_t hi[2], lo[2];
-      masked_fragment(M, nt, strict, hi, lo);
-      if (a_lo != nullptr) {
-        mma::mma_split(d[nt], a, *a_lo, hi, lo);
-      } else {
-        mma::mma_exact_a(d[nt], a, hi, lo);
-      }
-    }
-  }
-  // The A fragment (hi, lo) of the 16 x 16 block held as two C tiles (columns 0-7 and 8-15).
-  __device__ __forceinline__ static void a_fragment(const float (&left)[4], const float (&right)[4], uint32_t (&hi)[4],
-                                                    uint32_t (&lo)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float* tile = i < 2 ? left : right;
-      const mma::Split s = mma::split_bf16x2(tile[2 * (i % 2)], tile[2 * (i % 2) + 1]);
-      hi[i] = s.hi;
-      lo[i] = s.lo;
-    }
-  }
-
   // d[p] = S M_p^T ([v][l], both C tiles) for kProducts [L][N] blocks M_p, over k in steps of 16: the state's tiles
   // 2kk, 2kk + 1 as one split A fragment serve every product; B register h: M_p[8 nt + g][16 kk + 2t + 8h, + 1].
   template <int kProducts>
@@ -606,17 +630,14 @@ struct MmaSlice {
     state_times_transposed<2>(xy, {sm.a, sm.r});
     float(&x)[2][4] = xy[0];
     float(&yv)[2][4] = xy[1];
-    // X^T += V^T Ak^T; U^T = X^T T^T.
+    // U^T = (X^T + V^T Ak^T) T^T.
     float u[2][4] = {};
-    add_times_masked(x, vt, nullptr, sm.Ak, true);
-    uint32_t x_hi[4], x_lo[4];
-    a_fragment(x[0], x[1], x_hi, x_lo);
-    add_times_masked(u, x_hi, &x_lo, sm.T, false);
+    substitute_u_mma(x, vt, sm, g, t, u);
     // Y^T += U^T Qb^T + V^T Qk^T, stored where the chunk has the token.
     uint32_t u_hi[4], u_lo[4];
     a_fragment(u[0], u[1], u_hi, u_lo);
-    add_times_masked(yv, u_hi, &u_lo, sm.Qb, false);
-    add_times_masked(yv, vt, nullptr, sm.Qk, false);
+    add_times_masked<true, false>(yv, u_hi, &u_lo, sm.Qb, g, t);
+    add_times_masked<true, false>(yv, vt, nullptr, sm.Qk, g, t);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
