@@ -494,13 +494,10 @@ __device__ __forceinline__ void masked_fragment(const float (&M)[kL][kL], int nt
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int k = 2 * t + 8 * h;
-    float x[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int row = kTransposed ? n : k + e, col = kTransposed ? k + e : n;
-      x[e] = (kStrict ? col < row : col <= row) ? M[row][col] : 0.f;
-    }
-    const mma::Split split = mma::split_bf16x2(x[0], x[1]);
+    const bool in0 = kTransposed ? (kStrict ? k < n : k <= n) : (kStrict ? n < k : n <= k);
+    const bool in1 = kTransposed ? (kStrict ? k + 1 < n : k + 1 <= n) : (kStrict ? n < k + 1 : n <= k + 1);
+    const float x0 = kTransposed ? M[n][k] : M[k][n], x1 = kTransposed ? M[n][k + 1] : M[k + 1][n];
+    const mma::Split split = mma::split_bf16x2(in0 ? x0 : 0.f, in1 ? x1 : 0.f);
     hi[h] = split.hi;
     lo[h] = split.lo;
   }
