@@ -424,17 +424,32 @@ __device__ __forceinline__ void substitutions_mma(GradientShared<N>& sm, io_t* g
   }
 }
 
+// x[l] += sum_{m >= l} M[m][l] dy[m] for one value row (Qb^T dY, Qk^T dY), rows of M read 4 entries at a time.
+__device__ __forceinline__ void add_transposed_times(float (&x)[kL], const float (&M)[kL][kL], const float* dy) {
+#pragma unroll
+  for (int m = kL - 1; m >= 0; --m) {
+    const float y = dy[m];
+#pragma unroll
+    for (int l4 = 0; l4 <= m; l4 += 4) {
+      const Float4 row = load4(&M[m][l4]);
+#pragma unroll
+      for (int e = 0; e < 4 && l4 + e <= m; ++e) x[l4 + e] = fmaf(row.x[e], y, x[l4 + e]);
+    }
+  }
+}
+
 // The row-wise part: U = (I - Ab)^{-1} (A~ S_0^T + Ak V), dU = B^ G^T + Qb^T dY, dX = (I - Ab)^{-T} dU (back
 // substitution), dV = K^ G^T + Qk^T dY + Ak^T dX; dv stored, U and dX into shared memory for the contractions.
 // First the products with S_0 and G (thread: value row vi, segment seg of k), then the substitutions with a lane per
-// value row, U in warp 0 and dU, dX, dV in warp 1 (on every row's lanes instead, each warp issued both for its
-// rows, at 4 x the cost). precision="bf16": both on tensor cores (row_products_mma, substitutions_mma).
+// value row: U in warp 0, dU, dX and dV's Ak^T dX in warp 1, dV's K^ G^T + Qk^T dY in warp 2 beside it (on every
+// row's lanes instead, each warp issued all for its rows, at 4 x the cost). precision="bf16": both on tensor cores
+// (row_products_mma, substitutions_mma).
 template <int N, typename io_t, Precision P>
 __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, TokenIndex at, int64_t q, int len,
                                               int v_first, int t) {
   using Rows = GradientRows<N>;
   constexpr int kSegs = Rows::kSegs;
-  static_assert(Rows::kRows <= 32 && kThreads >= 64, "a lane per value row in each of two warps");
+  static_assert(Rows::kRows <= 32 && kThreads >= 96, "a lane per value row in each of three warps");
   const Shared<N>& c = sm.chunk;
   if constexpr (P == Precision::kBF16) {
     row_products_mma(sm, t);
@@ -448,9 +463,10 @@ __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, T
     row_products<N>(sm.g[vi], c.k, sm.dv[vi], seg);  // K^ G^T
   }
   __syncthreads();
-  const int vi = t % 32;
-  if (vi >= Rows::kRows) return;
-  if (t / 32 == 0) {
+  const int vi = t % 32, warp = t / 32;
+  const bool has_row = vi < Rows::kRows;
+  float dv[kL] = {};  // warp 1: the Ak^T dX part of dV
+  if (has_row && warp == 0) {
     float u[kL], vv[kL];
 #pragma unroll
     for (int l = 0; l < kL; ++l) {
@@ -460,27 +476,15 @@ __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, T
     substitute_u(u, vv, c);  // the forward's
 #pragma unroll
     for (int l = 0; l < kL; ++l) sm.u[vi][l] = u[l];
-  } else if (t / 32 == 1) {
-    // Row m of Qb, Qk, Ab, Ak at a time, m descending: dX[m] is complete once row m's Qb term is in (the later rows'
-    // terms came first), and dV[m] once row m's Qk term is.
-    float dx[kL], dv[kL];
+  } else if (has_row && warp == 1) {
+    // dU = B^ G^T + Qb^T dY, then back substitution, rows m of Ab, Ak descending: dX[m] is complete once the later
+    // rows' terms are in.
+    float dx[kL];
 #pragma unroll
-    for (int l = 0; l < kL; ++l) {
-      dx[l] = sm.dx[vi][l];
-      dv[l] = sm.dv[vi][l];
-    }
+    for (int l = 0; l < kL; ++l) dx[l] = sm.dx[vi][l];
+    add_transposed_times(dx, c.Qb, sm.dy[vi]);
 #pragma unroll
     for (int m = kL - 1; m >= 0; --m) {
-      const float dy = sm.dy[vi][m];
-#pragma unroll
-      for (int l4 = 0; l4 <= m; l4 += 4) {
-        const Float4 qb = load4(&c.Qb[m][l4]), qk = load4(&c.Qk[m][l4]);
-#pragma unroll
-        for (int e = 0; e < 4 && l4 + e <= m; ++e) {
-          dx[l4 + e] = fmaf(qb.x[e], dy, dx[l4 + e]);
-          dv[l4 + e] = fmaf(qk.x[e], dy, dv[l4 + e]);
-        }
-      }
 #pragma unroll
       for (int l4 = 0; l4 < m; l4 += 4) {
         const Float4 ab = load4(&c.Ab[m][l4]), ak = load4(&c.Ak[m][l4]);
@@ -491,7 +495,21 @@ __device__ __forceinline__ void row_gradients(GradientShared<N>& sm, io_t* gv, T
         }
       }
       sm.dx[vi][m] = dx[m];
-      if (m < len) gv[at(q + m) + v_first + vi] = wkv7::store<io_t, P>(dv[m]);
+    }
+  } else if (has_row && warp == 2) {
+    // dV's other part, K^ G^T + Qk^T dY, in place, beside warp 1.
+    float w[kL];
+#pragma unroll
+    for (int l = 0; l < kL; ++l) w[l] = sm.dv[vi][l];
+    add_transposed_times(w, c.Qk, sm.dy[vi]);
+#pragma unroll
+    for (int l = 0; l < kL; ++l) sm.dv[vi][l] = w[l];
+  }
+  __syncthreads();
+  if (has_row && warp == 1) {
+#pragma unroll
+    for (int l = 0; l < kL; ++l) {
+      if (l < len) gv[at(q + l) + v_first + vi] = wkv7::store<io_t, P>(dv[l] + sm.dv[vi][l]);
     }
   }
 }
