@@ -215,12 +215,12 @@ SPILL_ALLOWED: dict = {
                                       "innermost loops: at the 255-register cap (the split products' operands), two "
                                       "64-bit row addresses reloaded once per k slice (benchmarks/NOTES.md)",
     "csrc/wkv7/wkv7_chunked_backward_n*.cu: chunked_gradients_kernel<*, kFP32>":
-        "precision=\"fp32\" (the bf16 mode has none): 24-56 B at N = 64 and 128 (none at N = 32), outside every "
-        "loop, at the 255-register cap: the window's sequence bounds and thread-index math of the chunk loads, set "
-        "at the kernel's start and read back once or twice per window; ptxas spills them where the passes peak near "
-        "the cap (N = 64: ~251 live registers in a burst of 16-byte shared loads of the row products), and the "
-        "bytes move with any change to the allocation (benchmarks/NOTES.md, \"CUDA chunked backward\", \"two "
-        "threads per column\")",
+        "precision=\"fp32\" (the bf16 mode has none): 8-16 B at N = 64 and 128 (16-56 B in earlier forms; none "
+        "at N = 32), outside every loop, at the 255-register cap: the window's sequence bounds and thread-index math "
+        "of the chunk loads, set at the kernel's start and read back once or twice per window; ptxas spills them "
+        "where the passes peak near the cap (N = 64: ~251 live registers in a burst of 16-byte shared loads of the "
+        "row products), and the bytes move with any change to the allocation (benchmarks/NOTES.md, \"CUDA chunked "
+        "backward\", \"two threads per column\")",
     "wkv7 bwd N128 bf16": "0-68 B across its specialisations and Triton 3.6/3.7 (8 B here, a scratch address reloaded "
                           "once per 4-token sub-chunk, none in the token loops): two 128 x 128 fp32 blocks over 256 "
                           "threads hold 128 registers each; two programs of 64 rows would not spill (191 registers) "
