@@ -598,8 +598,7 @@ template <int N>
 struct ColumnSplit {
   static constexpr int kGroups = 2 * N <= kThreads ? 2 : 1;
   // The first thread's pairs: x <= kFirstLast, 66 of the 136 (x pairs at each x); the second's the other 70, so that
-  // both finish together. The second's sums of db, dk and dc then go through shared memory to the first, which runs
-  // column_tail alone (it needs every pair's sums).
+  // both finish together. The rest of the column splits by rows (column_gradients).
   static constexpr int kFirstLast = kGroups == 2 ? 11 : kL;
   static_assert(kGroups == 1 || GradientRows<N>::kRows >= 2 * kL, "the second thread's db and dk fit sm.s0's rows");
 };
@@ -644,17 +643,11 @@ __device__ __forceinline__ void column_pairs(const GradientShared<N>& sm, const 
   if (kLast == kL) s.dc[kL] += sm.de[j] * before;  // E(L, 0)
 }
 
-// The rest of column j once s holds every pair's sums: the scaled rows B^, K^ and each row's decay; db, dk, dw stored.
-template <int N, typename io_t, typename w_t, Precision P, typename Params>
-__device__ __forceinline__ void column_tail(const GradientShared<N>& sm, const Params& p, TokenIndex at, int64_t q,
-                                            int len, int j, ColumnSums& s) {
+// Column j once s holds every pair's sums: the scaled rows B^, K^ into s (its db, dk, dc then final).
+template <int N>
+__device__ __forceinline__ void column_scaled_rows(const GradientShared<N>& sm, int j, ColumnSums& s) {
   const Shared<N>& c = sm.chunk;
-  io_t *gk = static_cast<io_t*>(p.grad_k), *gb = static_cast<io_t*>(p.grad_b);
-  const w_t* w = static_cast<const w_t*>(p.w);
-  w_t* gw = static_cast<w_t*>(p.grad_w);
-  const Decay decay = static_cast<Decay>(p.size.decay);
-  constexpr Precision kW = wkv7::kDecayMode<P, io_t>;
-  float rest = 1.f, dlog = 0.f;  // E(L, l + 1); the cotangent of row l's log d, sum_{x > l} dc_x
+  float rest = 1.f;  // E(L, l + 1)
 #pragma unroll
   for (int l = kL - 1; l >= 0; --l) {
     const float dbh = sm.dB[l][j] * rest, dkh = sm.dK[l][j] * rest, bl = c.b[l][j], kl = c.k[l][j];
@@ -664,8 +657,20 @@ __device__ __forceinline__ void column_tail(const GradientShared<N>& sm, const P
     s.dc[l + 1] -= fmaf(bl, s.db[l], kl * s.dk[l]);  // the same, and the pairs (., l + 1): -c[l + 1]
     rest *= c.d[l][j];
   }
+}
+
+// dk, db and dw of column j's rows [kLo, kHi) from the final sums. dlog: sum_{x > kHi} dc_x on entry (0 for kHi = L);
+// row l's log d has the cotangent sum_{x > l} dc_x.
+template <int kLo, int kHi, typename io_t, typename w_t, Precision P, typename Params>
+__device__ __forceinline__ void column_stores(const Params& p, TokenIndex at, int64_t q, int len, int j,
+                                              const ColumnSums& s, float dlog) {
+  io_t *gk = static_cast<io_t*>(p.grad_k), *gb = static_cast<io_t*>(p.grad_b);
+  const w_t* w = static_cast<const w_t*>(p.w);
+  w_t* gw = static_cast<w_t*>(p.grad_w);
+  const Decay decay = static_cast<Decay>(p.size.decay);
+  constexpr Precision kW = wkv7::kDecayMode<P, io_t>;
 #pragma unroll
-  for (int l = kL - 1; l >= 0; --l) {
+  for (int l = kHi - 1; l >= kLo; --l) {
     dlog += s.dc[l + 1];
     if (l >= len) continue;
     const int64_t idx = at(q + l) + j;
@@ -676,11 +681,14 @@ __device__ __forceinline__ void column_tail(const GradientShared<N>& sm, const P
 }
 
 // The column phase (after the passes, sm.chunk holding the raw inputs again): threads [0, N) and, with two threads per
-// column, [N, 2N). The second writes its sums into sm.s0 (db, dk) and sm.g (dc), free after the passes.
+// column, [N, 2N). The second writes its pairs' sums into sm.s0 (db, dk) and sm.g (dc), free after the passes; the
+// first adds them, finishes the sums (column_scaled_rows), and hands the second the final sums of rows < L / 2 (sm.s0
+// again: db, dk, dc and the sum of dc over the rows above) for their stores while it stores the rows above.
 template <int N, typename io_t, typename w_t, Precision P, typename Params>
 __device__ __forceinline__ void column_gradients(GradientShared<N>& sm, const Params& p, TokenIndex at, int64_t q,
                                                  int len, int t) {
   using Split = ColumnSplit<N>;
+  constexpr int kHalf = kL / 2;
   ColumnSums s = {};
   const int j = t % N;
   if (t < N) {
@@ -694,8 +702,14 @@ __device__ __forceinline__ void column_gradients(GradientShared<N>& sm, const Pa
       sm.g[l][j] = s.dc[l + 1];
     }
   }
-  if constexpr (Split::kGroups == 2) {
+  if constexpr (Split::kGroups == 1) {
+    if (t < N) {
+      column_scaled_rows(sm, j, s);
+      column_stores<0, kL, io_t, w_t, P>(p, at, q, len, j, s, 0.f);
+    }
+  } else {
     __syncthreads();
+    float above = 0.f;  // sum_{x > L/2} dc_x
     if (t < N) {
 #pragma unroll
       for (int l = 0; l < kL; ++l) {
@@ -703,9 +717,30 @@ __device__ __forceinline__ void column_gradients(GradientShared<N>& sm, const Pa
         s.dk[l] += sm.s0[kL + l][j];
         s.dc[l + 1] += sm.g[l][j];
       }
+      column_scaled_rows(sm, j, s);
+#pragma unroll
+      for (int x = kL; x > kHalf; --x) above += s.dc[x];
+#pragma unroll
+      for (int l = 0; l < kHalf; ++l) {
+        sm.s0[l][j] = s.db[l];
+        sm.s0[kHalf + l][j] = s.dk[l];
+        sm.s0[2 * kHalf + l][j] = s.dc[l + 1];
+      }
+      sm.s0[3 * kHalf][j] = above;
+    }
+    __syncthreads();
+    if (t < N) {
+      column_stores<kHalf, kL, io_t, w_t, P>(p, at, q, len, j, s, 0.f);
+    } else if (t < 2 * N) {
+#pragma unroll
+      for (int l = 0; l < kHalf; ++l) {
+        s.db[l] = sm.s0[l][j];
+        s.dk[l] = sm.s0[kHalf + l][j];
+        s.dc[l + 1] = sm.s0[2 * kHalf + l][j];
+      }
+      column_stores<0, kHalf, io_t, w_t, P>(p, at, q, len, j, s, sm.s0[3 * kHalf][j]);
     }
   }
-  if (t < N) column_tail<N, io_t, w_t, P>(sm, p, at, q, len, j, s);
 }
 
 // The gradients of one chunk [q, q + len) of a sequence starting at `start` and ending at `stop`.
