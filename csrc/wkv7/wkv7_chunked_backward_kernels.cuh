@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const
     const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
     const int len = int(chunk_end - q);
     prepare_chunk<N, io_t, w_t, P, 4>(sm, p, at, q, len, t,
-                                   [&] { g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len); });
+                                      [&] { g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len); });
     if (t < N) substitute_rows(sm, t);  // the column scale_rows gave this thread
     __syncthreads();
     cotangent_step(g, sm);
@@ -218,6 +218,34 @@ __device__ __forceinline__ void row_products(const float* row, const float (&M)[
 // fp32 accumulate; ropewkv/mma_bf16.cuh, lane = 4 g + tq), every fp32 operand split into hi/lo bf16 (three
 // products), V and dY exact in bf16 in this mode (one part).
 
+// The [v][l] block rows v0 .. v0 + 15 of X ([value row][chunk row] in shared memory) as two C tiles (element i: row
+// v0 + g + 8 (i / 2), column 8 nt + 2 tq + i % 2), and back.
+template <int kRowL>
+__device__ __forceinline__ void load_tiles(const float (*X)[kRowL], int v0, int g, int tq, float (&d)[2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[nt][i] = X[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2];
+}
+template <int kRowL>
+__device__ __forceinline__ void store_tiles(float (*X)[kRowL], int v0, int g, int tq, const float (&d)[2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) X[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2] = d[nt][i];
+}
+
+// The A fragment of rows v0 .. v0 + 15 of X, exact in bf16 (dY, V in this mode): register i = X[v0 + g + 8 (i % 2)]
+// [2 tq + 8 (i / 2), + 1].
+template <int kRowL>
+__device__ __forceinline__ void exact_fragment(const float (*X)[kRowL], int v0, int g, int tq, uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float* x = &X[v0 + g + 8 * (i % 2)][2 * tq + 8 * (i / 2)];
+    a[i] = mma::pack_bf16x2(x[0], x[1]);
+  }
+}
+
 // U0 = S_0 A~^T, B^ G^T and K^ G^T for the pass's value rows, as [v][l] products (M = 16 value rows, N = 8 chunk
 // rows, K = 16 columns of k) into sm.u, sm.dx and sm.dv: a job per 16 value rows and product, the warps in turn.
 template <int N>
@@ -251,10 +279,7 @@ __device__ __forceinline__ void row_products_mma(GradientShared<N>& sm, int t) {
         mma::mma_split(d[nt], a_hi, a_lo, b_hi, b_lo);
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) out[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2] = d[nt][i];
+    store_tiles(out, v0, g, tq, d);
   }
 }
 
@@ -349,34 +374,6 @@ __device__ __forceinline__ void contract_rows_mma(GradientShared<N>& sm, bool fi
 #pragma unroll
     for (int v = 0; v < GradientRows<N>::kRows; ++v) de = fmaf(sm.s0[v][t], sm.g[v][t], de);
     sm.de[t] = de;
-  }
-}
-
-// The [v][l] block rows v0 .. v0 + 15 of X ([value row][chunk row] in shared memory) as two C tiles (element i: row
-// v0 + g + 8 (i / 2), column 8 nt + 2 tq + i % 2), and back.
-template <int kRowL>
-__device__ __forceinline__ void load_tiles(const float (*X)[kRowL], int v0, int g, int tq, float (&d)[2][4]) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) d[nt][i] = X[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2];
-}
-template <int kRowL>
-__device__ __forceinline__ void store_tiles(float (*X)[kRowL], int v0, int g, int tq, const float (&d)[2][4]) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) X[v0 + g + 8 * (i / 2)][8 * nt + 2 * tq + i % 2] = d[nt][i];
-}
-
-// The A fragment of rows v0 .. v0 + 15 of X, exact in bf16 (dY, V in this mode): register i = X[v0 + g + 8 (i % 2)]
-// [2 tq + 8 (i / 2), + 1].
-template <int kRowL>
-__device__ __forceinline__ void exact_fragment(const float (*X)[kRowL], int v0, int g, int tq, uint32_t (&a)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float* x = &X[v0 + g + 8 * (i % 2)][2 * tq + 8 * (i / 2)];
-    a[i] = mma::pack_bf16x2(x[0], x[1]);
   }
 }
 

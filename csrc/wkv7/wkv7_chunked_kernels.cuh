@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
       slice.store_checkpoint(p.checkpoints + chunk_slot(p.size, at, q) * N * int64_t(N));
     }
     prepare_chunk<N, io_t, w_t, P, 4>(sm, p, at, q, len, t,
-                                   [&] { slice.load_values(static_cast<const io_t*>(p.v), at, q, len); });
+                                      [&] { slice.load_values(static_cast<const io_t*>(p.v), at, q, len); });
     if constexpr (Slice::kUsesInverse) {  // on the last 16 threads, idle in scale_rows below N = 128
       if (t >= kThreads - kL) invert_unit_lower(sm, t - (kThreads - kL));
     }
