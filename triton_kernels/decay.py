@@ -52,23 +52,19 @@ def exp_poly(x):
 
 
 @triton.jit
-def sigmoid_pair(x):
-    """(sigmoid(x), sigmoid(-x)), each relative-precise for any |x| (tl.sigmoid underflows for x << 0)."""
-    e = exp_poly(-tl.abs(x))
-    one_plus_e = 1.0 + e
-    return (tl.div_rn(tl.where(x >= 0, 1.0, e), one_plus_e), tl.div_rn(tl.where(x >= 0, e, 1.0), one_plus_e))
-
-
-@triton.jit
 def log_decay_from_raw(x):
-    pos, _ = sigmoid_pair(x)
-    return -(pos * EXP_MINUS_HALF)
+    """-e^{-1/2} sigmoid(x), sigmoid relative-precise for any x (tl.sigmoid underflows for x << 0): ropewkv/decay.h's
+    operations in its order, the same fp32 bits."""
+    e = exp_poly(-tl.abs(x))
+    return -(tl.div_rn(tl.where(x >= 0, 1.0, e), 1.0 + e) * EXP_MINUS_HALF)
 
 
 @triton.jit
 def log_decay_from_raw_grad(x):
-    pos, neg = sigmoid_pair(x)
-    return -(pos * EXP_MINUS_HALF) * neg  # ropewkv/decay.h's order of the two products: the same fp32 bits
+    """-e^{-1/2} sigmoid(x) sigmoid(-x) = -e^{-1/2} e / (1 + e)^2, e = e^{-|x|} (ropewkv/decay.h's order)."""
+    e = exp_poly(-tl.abs(x))
+    one_plus_e = 1.0 + e
+    return -tl.div_rn(e * EXP_MINUS_HALF, one_plus_e * one_plus_e)  # (negating before or after: the same bits)
 
 
 @triton.jit

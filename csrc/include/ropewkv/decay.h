@@ -3,7 +3,7 @@
 //
 // The "raw" (RWKV-LM clampw) decay: log d = -e^{-0.5} * sigmoid(x). Both branches of sigmoid below keep full
 // relative precision for any |x| (1/(1+e^{-x}) alone loses it for large negative x, where e^{-x} overflows), and
-// sigmoid'(x) = sigmoid(x) * sigmoid(-x) is formed the same way, never as s * (1 - s).
+// sigmoid'(x) = sigmoid(x) * sigmoid(-x) is formed from the same e^{-|x|} as e / (1 + e)^2, never as s * (1 - s).
 #include <cmath>
 
 #include "ropewkv/precision.h"
@@ -46,30 +46,25 @@ ROPEWKV_HD float exp_<float>(float x) {
 #endif
 }
 
-// sigmoid(x) and sigmoid(-x), each relative-precise.
+// e^{-|x|} in (0, 1] (NaN stays NaN): sigmoid and its derivative below are formed from it.
 template <typename acc_t>
-ROPEWKV_HD void sigmoid_pair(acc_t x, acc_t& pos, acc_t& neg) {
-  const acc_t e = exp_(-(x < acc_t(0) ? -x : x));  // e^{-|x|} in (0, 1]; NaN stays NaN
-  const acc_t one_plus_e = acc_t(1) + e;
-  // 1/(1+e) and e/(1+e), selecting the numerators first: one division per output (callers that need only `pos`
-  // pay one), the same values as dividing both and selecting.
-  pos = (x >= acc_t(0) ? acc_t(1) : e) / one_plus_e;
-  neg = (x >= acc_t(0) ? e : acc_t(1)) / one_plus_e;
+ROPEWKV_HD acc_t exp_minus_abs(acc_t x) {
+  return exp_(-(x < acc_t(0) ? -x : x));
 }
 
 template <typename acc_t>
 ROPEWKV_HD acc_t log_decay_from_raw(acc_t x) {
-  acc_t pos, neg;
-  sigmoid_pair(x, pos, neg);
-  return -acc_t(kExpMinusHalf) * pos;
+  const acc_t e = exp_minus_abs(x);
+  // sigmoid(x) = 1/(1+e) for x >= 0, e/(1+e) below: relative-precise for any x.
+  return -acc_t(kExpMinusHalf) * ((x >= acc_t(0) ? acc_t(1) : e) / (acc_t(1) + e));
 }
 
-// d/dx of log_decay_from_raw.
+// d/dx of log_decay_from_raw: -e^{-1/2} sigmoid(x) sigmoid(-x) = -e^{-1/2} e / (1+e)^2 for either sign of x (one
+// division; the two sigmoids, each divided, cost two).
 template <typename acc_t>
 ROPEWKV_HD acc_t log_decay_from_raw_grad(acc_t x) {
-  acc_t pos, neg;
-  sigmoid_pair(x, pos, neg);
-  return -acc_t(kExpMinusHalf) * pos * neg;
+  const acc_t e = exp_minus_abs(x), one_plus_e = acc_t(1) + e;
+  return -(acc_t(kExpMinusHalf) * e) / (one_plus_e * one_plus_e);
 }
 
 }  // namespace ropewkv
