@@ -787,7 +787,8 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
     }
   }
   __syncthreads();  // the contractions are in; the scaled rows are read no more
-  load_chunk<N, io_t, w_t, P, 4>(sm.chunk, p, at, q, len, t);  // (no pass follows: 4 values per thread)
+  // r, k, a, b raw again (no pass follows: 4 values per thread); the decays are the first load's.
+  load_chunk<N, io_t, w_t, P, 4, Wkv7BackwardParams, false>(sm.chunk, p, at, q, len, t);
   __syncthreads();
   column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
 }

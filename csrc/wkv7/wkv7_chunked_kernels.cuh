@@ -114,10 +114,12 @@ __device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const Token
 // load per input and one 16-byte store per row of sm; the gradients kernel's first load takes 1 in the fp32 mode (at
 // its register cap the 4-value form spilled 40-148 B there). The 1-value form is kept as it was, not as a loop over
 // kWidth values: that loop changed the gradients kernel's allocation (N = 128, fp32 mode: 24 -> 80 B of spills).
-// Params: the forward's or the backward's.
-template <int N, typename io_t, typename w_t, Precision P, int kWidth, typename Params>
+// Params: the forward's or the backward's. kDecays false: r, k, a, b only (sm.d kept from an earlier load: each decay
+// costs an exp and a division).
+template <int N, typename io_t, typename w_t, Precision P, int kWidth, typename Params, bool kDecays = true>
 __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len, int t) {
   static_assert(kWidth == 1 || kWidth == 4, "one value or four");
+  static_assert(kDecays || kWidth == 4, "the load without decays moves four values");
   static_assert(kL * N % (kThreads * kWidth) == 0, "the threads load a chunk's rows in whole passes");
   const io_t *r = static_cast<const io_t*>(p.r), *k = static_cast<const io_t*>(p.k);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
@@ -145,17 +147,17 @@ __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Params& p, Token
       wkv7::load4<P>(k + idx, kv.x);
       wkv7::load4<P>(a + idx, av.x);
       wkv7::load4<P>(b + idx, bv.x);
-      wkv7::load4<kW>(w + idx, dv.x);
+      if constexpr (kDecays) wkv7::load4<kW>(w + idx, dv.x);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        dv.x[c] = in_chunk ? wkv7::decay_of(dv.x[c], decay) : 1.f;
+        if constexpr (kDecays) dv.x[c] = in_chunk ? wkv7::decay_of(dv.x[c], decay) : 1.f;
         if (!in_chunk) rv.x[c] = kv.x[c] = av.x[c] = bv.x[c] = 0.f;
       }
       *reinterpret_cast<Float4*>(&sm.r[l][j]) = rv;
       *reinterpret_cast<Float4*>(&sm.k[l][j]) = kv;
       *reinterpret_cast<Float4*>(&sm.a[l][j]) = av;
       *reinterpret_cast<Float4*>(&sm.b[l][j]) = bv;
-      *reinterpret_cast<Float4*>(&sm.d[l][j]) = dv;
+      if constexpr (kDecays) *reinterpret_cast<Float4*>(&sm.d[l][j]) = dv;
     }
   }
 }
