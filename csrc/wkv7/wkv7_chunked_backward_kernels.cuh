@@ -159,10 +159,18 @@ struct GradientShared {
   alignas(16) float de[N];
 };
 
+// kCount values of a state's value row into dst[vi][k0 + kStep i] from src[i kStep kKStep]: compile-time strides, so
+// that each load is one instruction at an immediate offset (a runtime stride took ~8 per value to form addresses).
+template <int kKStep, int kStep, int kCount, int kRows, int kStride>
+__device__ __forceinline__ void copy_state_row(float (&dst)[kRows][kStride], const float* src, int vi, int k0) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) dst[vi][k0 + kStep * i] = src[i * kStep * kKStep];
+}
+
 // Rows v_first .. v_first + kRows of an N x N state into dst[v][k]: from a k-major slot (checkpoints, pass 1's G;
 // adjacent threads read adjacent floats), a row-major state (the initial state, the final state's cotangent: a
-// sequence's first and last chunk) or zeros (src null). A thread keeps one value row and steps along k by a constant
-// stride: no division per element (with one, forming each address took ~20 instructions).
+// sequence's first and last chunk) or zeros (src null). A thread keeps one value row and steps along k (no division
+// per element: with one, forming each address took ~20 instructions).
 template <int N, int kRows, int kStride>
 __device__ __forceinline__ void load_state_rows(float (&dst)[kRows][kStride], const float* src, bool k_major,
                                                 int v_first, int t) {
@@ -172,12 +180,11 @@ __device__ __forceinline__ void load_state_rows(float (&dst)[kRows][kStride], co
   if (src == nullptr) {
 #pragma unroll
     for (int i = 0; i < N / kStep; ++i) dst[vi][k0 + kStep * i] = 0.f;
-    return;
+  } else if (k_major) {
+    copy_state_row<N, kStep, N / kStep>(dst, src + (v_first + vi) + k0 * N, vi, k0);
+  } else {
+    copy_state_row<1, kStep, N / kStep>(dst, src + (v_first + vi) * N + k0, vi, k0);
   }
-  const int v_step = k_major ? 1 : N, k_step = k_major ? N : 1;
-  const float* from = src + (v_first + vi) * v_step + k0 * k_step;
-#pragma unroll 4  // (unrolled in full or by 2, the kernel spilled more at N = 128)
-  for (int i = 0; i < N / kStep; ++i) dst[vi][k0 + kStep * i] = from[i * kStep * k_step];
 }
 
 // f(vi, l) for each of the pass's value rows vi and chunk rows l, adjacent threads on adjacent rows (coalesced [B, T,

@@ -203,10 +203,10 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: b
     block per chunk and head; r..b, dy, the checkpoints and the cotangents in, six gradients out). The gradients
     kernel's loops, in address order: the search for the window's first sequence (no trips without cu_seqlens), the
     pieces of sequences in the window (1), the masked products (17, or 9), the passes over the value rows (N / rows),
-    each pass's loads of S_0 and G rows (rows x N / 128 per thread, unrolled by 4), then its contraction over the rows
-    (fp32 mode) or its row-product jobs and substitution jobs (bf16 mode: 3 and 2 per 16 rows, the 4 warps taking them
-    in turn: the mean per warp). low_precision: precision="bf16", whose state step, row products, substitutions and
-    contractions run on tensor cores (each HMMA one issue slot)."""
+    then each pass's contraction over the rows (fp32 mode) or its row-product jobs and substitution jobs (bf16 mode: 3
+    and 2 per 16 rows, the 4 warps taking them in turn: the mean per warp); the loads of S_0 and G rows are unrolled.
+    low_precision: precision="bf16", whose state step, row products, substitutions and contractions run on tensor
+    cores (each HMMA one issue slot)."""
     sequential = _wkv7(True, heads, n, constants)
     sizes = constants["head_sizes"][str(n)]
     b, t = 8, 4096
@@ -218,7 +218,6 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: b
     title = f"{' (bf16 mode)' if low_precision else ''} B{b} T{t} H{heads} N{n} bf16"
     units = dict(unit="token-head", units=sequential.units)
     threads = constants["chunked_threads"]
-    row_loads = rows * n // threads // 4
     jobs = (3 * (rows // 16) / (threads // 32), 2 * (rows // 16) / (threads // 32)) if low_precision else (rows,)
     mode = "kBF16" if low_precision else "kFP32"
     masked = _masked_trips(constants, low_precision)
@@ -226,7 +225,7 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: b
                          read=7 * tensor + 2 * cotangents, written=6 * tensor, blocks=b * t // CHECKPOINT_EVERY * heads,
                          cuda=(f"chunked_gradients_kernel<{n}, bf16_t, bf16_t, {mode}>",), cuda_threads=threads,
                          cuda_dynamic_shared=sizes["chunked_gradient_shared"],
-                         cuda_loop_trips=(0, 1, masked, n // rows, row_loads, row_loads, *jobs), **units)
+                         cuda_loop_trips=(0, 1, masked, n // rows, *jobs), **units)
     return [Workload(f"WKV7 chunked bwd state pass{title}", read=6 * tensor, written=cotangents + state,
                      blocks=b * heads * (n // slice_rows), cuda=(
                          f"chunked_state_cotangent_kernel<{n}, {slice_rows}, bf16_t, bf16_t, {mode}>",),
