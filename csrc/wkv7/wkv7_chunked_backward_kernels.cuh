@@ -601,9 +601,10 @@ __device__ __forceinline__ void contract_rows(GradientShared<N>& sm, bool first,
 template <int N>
 struct ColumnSplit {
   static constexpr int kGroups = 2 * N <= kThreads ? 2 : 1;
-  // The first thread's pairs: x <= kFirstLast, 66 of the 136 (x pairs at each x); the second's the other 70, so that
-  // both finish together. The rest of the column splits by rows (column_gradients).
-  static constexpr int kFirstLast = kGroups == 2 ? 11 : kL;
+  // The first thread's pairs: x <= kFirstLast; the second's the others, so that both finish together: in SASS at N = 64
+  // (bf16 mode) ~1,190 and ~1,310 instructions (at 11: ~1,370 and ~1,150; a pair across the halves costs about half
+  // one within). The rest of the column splits by rows (column_gradients).
+  static constexpr int kFirstLast = kGroups == 2 ? 10 : kL;
   static_assert(kGroups == 1 || GradientRows<N>::kRows >= 2 * kL, "the second thread's db and dk fit sm.s0's rows");
 };
 
@@ -612,12 +613,30 @@ struct ColumnSums {
 };
 
 // The pairs with x in [kFirst, kLast] into s; da_x and dr_{x-1} are complete after position x and stored then.
+// Pairs within a half of the chunk (x, y both <= 8 or both > 8) one at a time, E(x, y) a running product; the 8 pairs
+// (x, y <= 8) of an x > 8 at once through the boundary, E(x, y) = E(x, 8) E(8, y): with b_m, k_m scaled to it
+// (E(8, m + 1), no division), da_x and dr_{x-1} take E(x, 8) sum_m (..) and db_m, dk_m E(8, m + 1) sum_x (..) at the
+// end, 8 fmas per pair instead of 4 products, 8 fmas and the running product.
 template <int kFirst, int kLast, int N, typename io_t, Precision P, typename Params>
 __device__ __forceinline__ void column_pairs(const GradientShared<N>& sm, const Params& p, TokenIndex at, int64_t q,
                                              int len, int j, ColumnSums& s) {
+  constexpr int kHalf = kL / 2;
+  constexpr bool kAcross = kLast > kHalf;
   const Shared<N>& c = sm.chunk;
   io_t *gr = static_cast<io_t*>(p.grad_r), *ga = static_cast<io_t*>(p.grad_a);
   if (kFirst == 1 && len > 0) ga[at(q) + j] = wkv7::store<io_t, P>(sm.dA[0][j]);  // A~_0 = a_0: no decay, no pair
+  // The lower half's rows scaled to the boundary, and the sums across it (before their E(8, m + 1)).
+  float to_half[kHalf], b_half[kHalf], k_half[kHalf], db_across[kHalf] = {}, dk_across[kHalf] = {};
+  if constexpr (kAcross) {
+    float rest = 1.f;  // E(8, m + 1)
+#pragma unroll
+    for (int m = kHalf - 1; m >= 0; --m) {
+      to_half[m] = rest;
+      b_half[m] = c.b[m][j] * rest;
+      k_half[m] = c.k[m][j] * rest;
+      rest *= c.d[m][j];
+    }
+  }
   float before = 1.f;  // E(x, 0)
   // Pairs (x, y), 1 <= y <= x: Ab[x][y-1], Ak (rows a_x, x < L) and Qb[x-1][y-1], Qk (rows r_{x-1}) against b_{y-1},
   // k_{y-1}, decayed by E(x, y) = exp(c[x] - c[y]).
@@ -628,7 +647,7 @@ __device__ __forceinline__ void column_pairs(const GradientShared<N>& sm, const 
     const float ax = x < kL ? c.a[x][j] : 0.f, rx = c.r[x - 1][j];
     float e = 1.f, da = x < kL ? sm.dA[x][j] * before : 0.f, dr = sm.dR[x - 1][j] * before;
 #pragma unroll
-    for (int y = x; y >= 1; --y) {
+    for (int y = x; y > (x > kHalf ? kHalf : 0); --y) {
       const int m = y - 1;
       const float bm = c.b[m][j], km = c.k[m][j];
       // The pair's four cotangents decayed first: 4 products and 8 fmas (decaying each of the four sums: 15 ops).
@@ -640,9 +659,31 @@ __device__ __forceinline__ void column_pairs(const GradientShared<N>& sm, const 
       s.dk[m] = fmaf(ak, ax, fmaf(qk, rx, s.dk[m]));
       e *= c.d[m][j];
     }
+    if (x > kHalf) {  // e = E(x, 8)
+      const float a_half = ax * e, r_half = rx * e;
+      float sa = 0.f, sr = 0.f;
+#pragma unroll
+      for (int m = 0; m < kHalf; ++m) {
+        const float ab = x < kL ? sm.dAb[x][m] : 0.f, ak = x < kL ? sm.dAk[x][m] : 0.f;
+        const float qb = sm.dQb[x - 1][m], qk = sm.dQk[x - 1][m];
+        sa = fmaf(ab, b_half[m], fmaf(ak, k_half[m], sa));
+        sr = fmaf(qb, b_half[m], fmaf(qk, k_half[m], sr));
+        db_across[m] = fmaf(ab, a_half, fmaf(qb, r_half, db_across[m]));
+        dk_across[m] = fmaf(ak, a_half, fmaf(qk, r_half, dk_across[m]));
+      }
+      da = fmaf(e, sa, da);
+      dr = fmaf(e, sr, dr);
+    }
     s.dc[x] += fmaf(ax, da, rx * dr);  // A~_x dA~_x + R~_{x-1} dR~_{x-1} and the pairs (x, .): c[x]
     if (x < len) ga[at(q + x) + j] = wkv7::store<io_t, P>(da);
     if (x - 1 < len) gr[at(q + x - 1) + j] = wkv7::store<io_t, P>(dr);
+  }
+  if constexpr (kAcross) {
+#pragma unroll
+    for (int m = 0; m < kHalf; ++m) {
+      s.db[m] = fmaf(to_half[m], db_across[m], s.db[m]);
+      s.dk[m] = fmaf(to_half[m], dk_across[m], s.dk[m]);
+    }
   }
   if (kLast == kL) s.dc[kL] += sm.de[j] * before;  // E(L, 0)
 }
