@@ -289,6 +289,34 @@ __device__ __forceinline__ void cross_block_products(Shared<N>& sm, int t) {
   }
 }
 
+// The same in precision="fp32", on the FMA pipes: thread t forms C[xr][m] and C[xr][m + 8] (X row xr = t / 8 against
+// b_m, then against k_m, m = t % 8), each sum over k in one accumulator. One product at a time: both in one loop took
+// the forward at N = 64 to 184 registers (2 blocks per SM; 146 without these products, 153 with).
+template <int N>
+__device__ __forceinline__ void cross_block_products_fma(Shared<N>& sm, int t) {
+  const int xr = t / 8, m = t % 8;
+  if (xr == 7) return;  // (x = 16: no a row)
+  const float* x = xr < 8 ? sm.a[9 + xr] : sm.r[xr];
+  float sb = 0.f, sk = 0.f;
+#pragma unroll
+  for (int k = 0; k < N; k += 4) {
+    const Float4 xv = load4(x + k), bv = load4(&sm.b[m][k]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sb = fmaf(xv.x[e], bv.x[e], sb);
+  }
+#pragma unroll
+  for (int k = 0; k < N; k += 4) {
+    const Float4 xv = load4(x + k), kv = load4(&sm.k[m][k]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sk = fmaf(xv.x[e], kv.x[e], sk);
+  }
+  float(*ab)[kL] = xr < 8 ? sm.Ab : sm.Qb;
+  float(*ak)[kL] = xr < 8 ? sm.Ak : sm.Qk;
+  const int row = xr < 8 ? 9 + xr : xr;  // Ab[x][m] (x = 9 + xr), Qb[x - 1][m] (x - 1 = xr)
+  ab[row][m] = sb;
+  ak[row][m] = sk;
+}
+
 // The scaled rows, in place, by running products down each k column (thread t < N: column t): A~_l = a_l E(l, 0),
 // R~_l = r_l E(l+1, 0), B^_l = b_l E(L, l+1), K^_l = k_l E(L, l+1); and E(L, 0). With kBlock < L the rows were
 // scaled within their blocks (cross_block_products): rows kBlock.. of a, r then take the first block's decay, rows
@@ -310,11 +338,12 @@ __device__ __forceinline__ void scale_rows(Shared<N>& sm, int t) {
   sm.decay_all[j] = kBlock == kL ? before : before * rest;
 }
 
-// The positions per block of the masked products' decayed dots: the whole chunk in precision="fp32"; in
-// precision="bf16" its two halves, the pairs across them on tensor cores (cross_block_products), so that the per-pair
-// loop takes 9 steps instead of 17.
-template <Precision P>
-inline constexpr int kMaskedBlock = P == Precision::kBF16 ? kL / 2 : kL;
+// The positions per block of the masked products' decayed dots: the chunk's two halves, the pairs across them formed
+// apart (cross_block_products on tensor cores in precision="bf16", cross_block_products_fma in "fp32"), so that the
+// per-pair loop takes 9 steps instead of 17. The whole chunk at N = 128 in precision="fp32": there ptxas kept the
+// state pass's loop invariants at 168 registers only by spilling them (32 B) once the apart pairs were added.
+template <int N, Precision P>
+inline constexpr int kMaskedBlock = P == Precision::kBF16 || N < 128 ? kL / 2 : kL;
 
 // A chunk's v-independent part into sm, each step behind a barrier (the first: the previous chunk's readers of sm
 // are done): its inputs, with load_more() beside them (a slice's per-row values), the masked products, the scaled
@@ -322,7 +351,7 @@ inline constexpr int kMaskedBlock = P == Precision::kBF16 ? kL / 2 : kL;
 template <int N, typename io_t, typename w_t, Precision P, int kLoadWidth, typename Params, typename LoadMore>
 __device__ __forceinline__ void prepare_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len,
                                               int t, LoadMore&& load_more) {
-  constexpr int kBlock = kMaskedBlock<P>;
+  constexpr int kBlock = kMaskedBlock<N, P>;
   __syncthreads();
   load_chunk<N, io_t, w_t, P, kLoadWidth>(sm, p, at, q, len, t);
   load_more();
@@ -335,7 +364,11 @@ __device__ __forceinline__ void prepare_chunk(Shared<N>& sm, const Params& p, To
       scale_to(sm, t, 0, kBlock);
     }
     __syncthreads();
-    cross_block_products(sm, t);
+    if constexpr (P == Precision::kBF16) {
+      cross_block_products(sm, t);
+    } else {
+      cross_block_products_fma(sm, t);
+    }
     __syncthreads();
   }
   scale_rows<N, kBlock>(sm, t);

@@ -173,15 +173,15 @@ def _wkv7(backward: bool, heads: int, n: int, constants: dict, cuda: bool = True
                     triton_combine_written=5 * tensor if split else 0, **cuda_fields)
 
 
-def _masked_trips(constants: dict, low_precision: bool) -> int:
-    return constants["chunked_masked_trips_bf16" if low_precision else "chunked_masked_trips"]
+def _masked_trips(constants: dict, n: int, low_precision: bool) -> int:
+    return constants["head_sizes"][str(n)]["chunked_masked_trips_bf16" if low_precision else "chunked_masked_trips"]
 
 
 def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = False) -> Workload:
     """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, kValueSlice<N, P>
-    value rows) of kThreads threads (constants.cu prints both); per chunk its masked-product loop runs 17 times (the
-    16-lane groups' pairs of chunk rows; 9 in the bf16 mode, whose pairs across the chunk's halves are an mma:
-    constants.cu's chunked_masked_trips). Its floor is the sequential forward's (each slice's block reads the head's
+    value rows) of kThreads threads (constants.cu prints both); per chunk its masked-product loop runs 9 times (the
+    16-lane groups' pairs of chunk rows within a half; the pairs across the halves apart, an mma in the bf16 mode), 17
+    in the fp32 mode at N = 128 (the whole chunk): constants.cu's chunked_masked_trips per head size. Its floor is the sequential forward's (each slice's block reads the head's
     r, w, k, a, b again: from L2, as the model assumes of repeated loads). low_precision: precision="bf16", whose
     v-dependent products run on tensor cores (each HMMA counted as one issue slot)."""
     sequential = _wkv7(False, heads, n, constants)
@@ -193,16 +193,16 @@ def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = Fal
                     "token-head", sequential.units, sequential.read, sequential.written, b * heads * (n // slice_rows),
                     cuda=(f"chunked_forward_kernel<{n}, {slice_rows}, bf16_t, bf16_t, {mode}>",),
                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY,
-                    inner_trips=_masked_trips(constants, low_precision))
+                    inner_trips=_masked_trips(constants, n, low_precision))
 
 
 def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: bool = False) -> list:
     """The chunked CUDA backward (csrc/wkv7/wkv7_chunked_backward_kernels.cuh): the state cotangent pass (a chunked
-    kernel as the forward, on its grid of kValueSlice<N, P> value rows, the masked-product loop 17 (9) times per chunk;
+    kernel as the forward, on its grid of kValueSlice<N, P> value rows, the masked-product loop 9 (17) times per chunk;
     r, w, k, a, b, dy in, the cotangent before each chunk out, shaped as the checkpoints) and the gradients kernel (a
     block per chunk and head; r..b, dy, the checkpoints and the cotangents in, six gradients out). The gradients
     kernel's loops, in address order: the search for the window's first sequence (no trips without cu_seqlens), the
-    pieces of sequences in the window (1), the masked products (17, or 9), the passes over the value rows (N / rows),
+    pieces of sequences in the window (1), the masked products (9, or 17), the passes over the value rows (N / rows),
     then each pass's contraction over the rows (fp32 mode) or its row-product jobs and substitution jobs (bf16 mode: 3
     and 2 per 16 rows, the 4 warps taking them in turn: the mean per warp); the loads of S_0 and G rows are unrolled.
     low_precision: precision="bf16", whose state step, row products, substitutions and contractions run on tensor
@@ -220,7 +220,7 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: b
     threads = constants["chunked_threads"]
     jobs = (3 * (rows // 16) / (threads // 32), 2 * (rows // 16) / (threads // 32)) if low_precision else (rows,)
     mode = "kBF16" if low_precision else "kFP32"
-    masked = _masked_trips(constants, low_precision)
+    masked = _masked_trips(constants, n, low_precision)
     gradients = Workload(f"WKV7 chunked bwd gradients{title}",
                          read=7 * tensor + 2 * cotangents, written=6 * tensor, blocks=b * t // CHECKPOINT_EVERY * heads,
                          cuda=(f"chunked_gradients_kernel<{n}, bf16_t, bf16_t, {mode}>",), cuda_threads=threads,
