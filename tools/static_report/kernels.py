@@ -215,7 +215,7 @@ SPILL_ALLOWED: dict = {
                                       "innermost loops: at the 255-register cap (the split products' operands), two "
                                       "64-bit row addresses reloaded once per k slice (benchmarks/NOTES.md)",
     "csrc/wkv7/wkv7_chunked_backward_n*.cu: chunked_gradients_kernel<*, kFP32>":
-        "precision=\"fp32\" (the bf16 mode has none): 28 and 16 B at N = 64 and 128 (8-56 B in earlier forms; "
+        "precision=\"fp32\" (the bf16 mode has none): 24 and 16 B at N = 64 and 128 (8-56 B in earlier forms; "
         "none at N = 32), outside every loop, at the 255-register cap: the window's sequence bounds and thread-index "
         "math of the chunk loads, set at the kernel's start and read back once or twice per window; ptxas spills them "
         "where the passes peak near the cap (N = 64: ~251 live registers in a burst of 16-byte shared loads of the "
