@@ -38,14 +38,15 @@ The model (stated in the report too):
   latency per chunk.
 - The CUDA chunked backward runs two launches, each its own row: the state cotangent pass (a chunked kernel as the
   forward) and the gradients kernel, a block per chunk and head whose loops run different trip counts, named per loop
-  (Workload.cuda_loop_trips: a loop's own body counted its trips times those of the loops around it; no chain).
+  (Workload.cuda_loop_trips: a loop's own body counted its trips times those of the loops around it). Its chain:
+  per wave of blocks, the bounds above with I the block's whole program.
 - The Triton chunked kernels run in several launches, each its own row (their times add): programs of one chunk
   each (the forward's and backward's prep, the backward's gradients) and passes over the chunks in order (the
   forward's state pass, the backward's state cotangent pass). A one-chunk program runs its 16-column slice loops
   N / 16 times each (a loop nested in one N / 16 times per outer iteration: Workload.loop_trips), is independent of
-  every other (no chain: max(memory, issue)), and its bytes are named by the workload, the temporary buffers between
-  the launches included (the prep, the backward's per-chunk state cotangents). The passes are chunked kernels as
-  above.
+  every other (its chain per wave of programs, as the gradients kernel's), and its bytes are named by the workload,
+  the temporary buffers between the launches included (the prep, the backward's per-chunk state cotangents). The
+  passes are chunked kernels as above.
 - Predicted = max(memory, issue, chain at its lower bound); the chain's upper bound is printed beside it. The
   Triton backward that splits the state's rows over programs (N = 256) writes fp32 partial sums of five gradients,
   which a second, memory-bound kernel adds after the first: its bytes' time is added to the prediction (and to the
@@ -454,8 +455,13 @@ def predict(kernel, workload: Workload) -> Prediction:
         chain = (steps * low / CLOCK_HZ, steps * high / CLOCK_HZ)
         per_token = Path(instructions=round(per_step.instructions * steps / workload.tokens))
     elif loop_trips := (workload.cuda_loop_trips if not triton else ()) or workload.loop_trips:
-        per_token, chain, scratch = None, None, 0
-        thread_instructions = program_with_loop_trips(kernel, loop_trips).instructions * blocks * threads
+        per_token, scratch = None, 0
+        program = program_with_loop_trips(kernel, loop_trips).instructions
+        thread_instructions = program * blocks * threads
+        # Each wave's blocks run their whole program as one chain (I = the program's instructions, one exposed DRAM
+        # latency): the bounds of the chunked kernels, per wave instead of per chunk.
+        chain = (sum(max(w, 1) * program for w in waves) / CLOCK_HZ,
+                 sum(max(w, FMA_LATENCY) * program + DRAM_LATENCY for w in waves) / CLOCK_HZ)
     else:
         per_token, chain, scratch = None, None, 0
         share = workload.written / (blocks * threads)  # output bytes one thread stores
