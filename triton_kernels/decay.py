@@ -52,17 +52,23 @@ def exp_poly(x):
 
 
 @triton.jit
+def exp_minus_abs(x):
+    """e^{-|x|} in (0, 1] (NaN stays NaN): sigmoid and its derivative below are formed from it (ropewkv/decay.h)."""
+    return exp_poly(-tl.abs(x))
+
+
+@triton.jit
 def log_decay_from_raw(x):
     """-e^{-1/2} sigmoid(x), sigmoid relative-precise for any x (tl.sigmoid underflows for x << 0): ropewkv/decay.h's
     operations in its order, the same fp32 bits."""
-    e = exp_poly(-tl.abs(x))
+    e = exp_minus_abs(x)
     return -(tl.div_rn(tl.where(x >= 0, 1.0, e), 1.0 + e) * EXP_MINUS_HALF)
 
 
 @triton.jit
 def log_decay_from_raw_grad(x):
     """-e^{-1/2} sigmoid(x) sigmoid(-x) = -e^{-1/2} e / (1 + e)^2, e = e^{-|x|} (ropewkv/decay.h's order)."""
-    e = exp_poly(-tl.abs(x))
+    e = exp_minus_abs(x)
     one_plus_e = 1.0 + e
     return -tl.div_rn(e * EXP_MINUS_HALF, one_plus_e * one_plus_e)  # (negating before or after: the same bits)
 

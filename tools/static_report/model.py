@@ -182,9 +182,10 @@ def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = Fal
     """The chunked CUDA forward (csrc/wkv7/wkv7_chunked_kernels.cuh): a block per (sequence, head, kValueSlice<N, P>
     value rows) of kThreads threads (constants.cu prints both); per chunk its masked-product loop runs 9 times (the
     16-lane groups' pairs of chunk rows within a half; the pairs across the halves apart, an mma in the bf16 mode), 17
-    in the fp32 mode at N = 128 (the whole chunk): constants.cu's chunked_masked_trips per head size. Its floor is the sequential forward's (each slice's block reads the head's
-    r, w, k, a, b again: from L2, as the model assumes of repeated loads). low_precision: precision="bf16", whose
-    v-dependent products run on tensor cores (each HMMA counted as one issue slot)."""
+    in the fp32 mode at N = 128 (the whole chunk): constants.cu's chunked_masked_trips per head size. Its floor is the
+    sequential forward's (each slice's block reads the head's r, w, k, a, b again: from L2, as the model assumes of
+    repeated loads). low_precision: precision="bf16", whose v-dependent products run on tensor cores (each HMMA
+    counted as one issue slot)."""
     sequential = _wkv7(False, heads, n, constants)
     sizes = constants["head_sizes"][str(n)]
     b, t = 8, 4096
