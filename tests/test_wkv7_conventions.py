@@ -62,6 +62,27 @@ def test_bf16_mode_rounds_w_too(device, io_dtype):
         assert torch.equal(mixed[0], rounded[0]) and torch.equal(mixed[1], rounded[1]), backend
 
 
+
+@pytest.mark.parametrize("algorithm", ["sequential", "chunked"])
+@pytest.mark.parametrize("io_dtype", [torch.float32, torch.float16])
+def test_bf16_mode_rounds_grad_y_too(device, algorithm, io_dtype):
+    """precision="bf16" rounds every I/O value on load, grad_y of a wider dtype too: the gradients equal those of
+    grad_y rounded to bf16 first. (Both Triton twins read it unrounded: 2.4e-3 relative RMS from the CPU twin in
+    every gradient at fp32 I/O, found 2026-11-29.)"""
+    for backend in kernel_backends(device):
+        shape = shape_for(backend, 1, 20, 2, 32)
+        inputs = parity.rwkv7_inputs(*shape, dtype=io_dtype, decay="loglog", generator=seeded(8), device=device,
+                                     initial_state=True)
+        xs = [inputs[n].requires_grad_() for n in NAMES]
+        grad_y = torch.randn(shape, generator=seeded(9)).to(device=device, dtype=io_dtype)
+        # (no value below fp16's normal range: bf16 values there need not be fp16 values)
+        grad_y = torch.where(grad_y.abs() < 1e-3, 1e-3, grad_y)
+        y, _ = ops.wkv7(*xs, initial_state=inputs["initial_state"], precision="bf16", backend=backend,
+                        algorithm=algorithm)
+        got = torch.autograd.grad(y, xs, grad_y, retain_graph=True)
+        rounded = torch.autograd.grad(y, xs, grad_y.bfloat16().to(io_dtype))
+        assert all(torch.equal(g, r) for g, r in zip(got, rounded)), backend
+
 def test_any_float_w_is_read_exactly(device):
     """w of a third dtype (fp16 beside bf16 r..b) is widened to fp32 exactly: the same numbers as an fp32 w."""
     for backend in kernel_backends(device):

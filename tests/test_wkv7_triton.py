@@ -50,11 +50,12 @@ def _run_triton(inputs, decay, precision, cu_seqlens, cotangents):
 
 
 def _run_reference(inputs, decay, precision, cu_seqlens, cotangents):
-    """The fp64 oracle on the inputs the kernel computes with: bf16 mode rounds them to bf16 on load."""
+    """The fp64 oracle on the inputs the kernel computes with: bf16 mode rounds them (grad_y too: every I/O value)
+    to bf16 on load."""
     def as_computed(x):
-        return (x.to(torch.bfloat16) if precision == "bf16" else x).to(torch.float64).requires_grad_()
+        return (x.to(torch.bfloat16) if precision == "bf16" else x).to(torch.float64)
 
-    leaves = [as_computed(inputs[name]) for name in NAMES]
+    leaves = [as_computed(inputs[name]).requires_grad_() for name in NAMES]
     s0 = inputs["initial_state"]
     if s0 is not None:
         s0 = s0.to(torch.float64).requires_grad_()
@@ -62,7 +63,8 @@ def _run_reference(inputs, decay, precision, cu_seqlens, cotangents):
     y, final = reference.wkv7(*leaves[:6], initial_state=s0, output_final_state=True, cu_seqlens=cu_seqlens,
                               decay=decay)
     # With T = 0, y is a constant empty tensor: only the final state carries gradient.
-    pairs = [(out, c.to(torch.float64)) for out, c in zip([y, final], cotangents) if out.requires_grad]
+    pairs = [(out, c) for out, c in zip([y, final], [as_computed(cotangents[0]), cotangents[1].to(torch.float64)])
+             if out.requires_grad]
     outputs, grad_outputs = zip(*pairs)
     grads = torch.autograd.grad(outputs, leaves, grad_outputs, allow_unused=True, materialize_grads=True)
     return [y, final, *grads]

@@ -87,9 +87,12 @@ def _dot(x, y, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, X_BF16: tl.cons
     rounded to bf16, x_lo = the rest rounded to bf16), x_hi y_hi + x_lo y_hi + x_hi y_lo, fp32 accumulate: each
     operand keeps ~16 significant bits (the dropped x_lo y_lo is 2^-16 relative), where one bf16 product would
     round both operands to 8 bits (2^-9 each, measured 2-4e-3 RMS on y and the gradients beyond the I/O rounding).
-    X_BF16 / Y_BF16: that operand is bf16-exact (v, rounded on load in the bf16 mode), so its lo part is zero and
-    its product is skipped: the same sum, one tensor-core product and the split's registers fewer."""
+    X_BF16 / Y_BF16: that operand is bf16-exact (v and dY, rounded on load in the bf16 mode), so its lo part is zero
+    and its product is skipped: the same sum, one tensor-core product and the split's registers fewer (both: one
+    product)."""
     if BF16_DOTS:
+        if X_BF16 and Y_BF16:
+            return _bf16_dot(x, y, INTERPRET)
         if X_BF16:
             y_hi = _rne_bf16(y)
             return _bf16_dot(x, y_hi, INTERPRET) + _bf16_dot(x, _rne_bf16(y - y_hi), INTERPRET)
@@ -391,8 +394,8 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
 @triton.jit
 def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_ptr, T, H,
                               N: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                              PREP: tl.constexpr, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr,
-                              HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+                              PREP: tl.constexpr, LOW_PRECISION: tl.constexpr, BF16_DOTS: tl.constexpr,
+                              INTERPRET: tl.constexpr, HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
     """The state cotangent through the chunks in reverse, for BV value columns (a program per (sequence, head,
     value block)): before each chunk's step, G^T (the cotangent of the state after the chunk) is stored to its slot
     of gck; the step is G^T <- diag(E[L][0]) G^T + W^T (B^ G^T) + R'^T dY, the prep's W, B^, R', E[L][0] (the
@@ -416,14 +419,14 @@ def _chunked_state_bwd_kernel(gy_ptr, gsT_ptr, cu_ptr, prep_ptr, gck_ptr, ds0_pt
         row0 += v0
         prep = prep_ptr + ((slot0 + c) * H + h) * PREP
         gck = gck_ptr + ((slot0 + c) * H + h) * N * N + v0 * N
-        dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
+        dy = _load_rows(gy_ptr + row0, rows_at, valid, LOW_PRECISION)
         Z = tl.zeros((L, BV), dtype=tl.float32)
         for j0 in range(0, N, BK):
             GT = tl.load(gT + j0 + state_at)
             tl.store(gck + j0 + state_at, GT)
             Z += _dot(tl.load(_prep_rows(prep, 2, L, N) + j0 + slice_at), GT, BF16_DOTS, INTERPRET)
         # G^T <- diag(E[L][0]) G^T + W^T Z + R'^T dY.
-        _step_state_block(gT, state_at, prep, 0, Z, 1, dy, N, L, BK, BF16_DOTS, INTERPRET, Y_BF16=False)
+        _step_state_block(gT, state_at, prep, 0, Z, 1, dy, N, L, BK, BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
 
 
 @triton.jit
@@ -484,9 +487,9 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     Qk = tl.load(_prep_square(prep, 5, L, N) + square_at)
     tl.store(scratch + scratch_at, U)
     # From Y (dQb = dY U^T, dQk = dY V^T below), and from U = T (A~ S0^T + Ak V).
-    dy = tl.load(gy_ptr + row0 + rows_at, mask=valid, other=0.0).to(tl.float32)
-    dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET)
-    dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET)
+    dy = _load_rows(gy_ptr + row0, rows_at, valid, LOW_PRECISION)
+    dU += _dot(tl.trans(Qb), dy, BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
+    dV += _dot(tl.trans(Qk), dy, BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
     dX = _dot(tl.trans(Tm), dU, BF16_DOTS, INTERPRET)
     tl.store(scratch + L * N + scratch_at, dX)
     dV += _dot(tl.trans(Ak), dX, BF16_DOTS, INTERPRET)
@@ -497,12 +500,12 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     dAb = tl.zeros((L, L), dtype=tl.float32)
     dAk = tl.zeros((L, L), dtype=tl.float32)
     for i0 in tl.range(0, N, BK, num_stages=1):
-        dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
+        dy_i = _load_rows(gy_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
         v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
         U_i = tl.load(scratch + i0 + slice_at)
         dX_i = tl.load(scratch + L * N + i0 + slice_at)
-        dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
-        dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
+        dQb += _dot(dy_i, tl.trans(U_i), BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION)
+        dQk += _dot(dy_i, tl.trans(v_i), BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION, Y_BF16=LOW_PRECISION)
         dAb += _dot(dX_i, tl.trans(U_i), BF16_DOTS, INTERPRET)
         dAk += _dot(dX_i, tl.trans(v_i), BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
     dQb = tl.where(incl, dQb, 0.0)
@@ -530,11 +533,11 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         dBh = tl.zeros((L, BK), dtype=tl.float32)
         dKh = tl.zeros((L, BK), dtype=tl.float32)
         for i0 in tl.range(0, N, BK, num_stages=2):  # 1 spills 96 B in the bf16 mode, 3 spills at N = 128
-            dy_i = tl.load(gy_ptr + row0 + i0 + rows_at_i, mask=valid, other=0.0).to(tl.float32)
+            dy_i = _load_rows(gy_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
             v_i = _load_rows(v_ptr + row0 + i0, rows_at_i, valid, LOW_PRECISION)
             S0_i = tl.trans(tl.load(ckpt + j0 * N + i0 + ckpt_at_i))
             G_i = tl.trans(tl.load(grad + j0 + i0 * N + state_at_i))
-            dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET)
+            dRt += _dot(dy_i, S0_i, BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION)
             dAt += _dot(tl.load(scratch + L * N + i0 + slice_at), S0_i, BF16_DOTS, INTERPRET)
             dBh += _dot(tl.load(scratch + i0 + slice_at), G_i, BF16_DOTS, INTERPRET)
             dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION)
@@ -633,8 +636,8 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     flags = dict(N=n, L=CHUNK, BK=min(n, 16), PREP=prep.shape[-1], VARLEN=cu_seqlens is not None)
     _chunked_state_bwd_kernel[launch_grid(n_seqs, heads, n // VALUE_BLOCK[n])](
         grad_y, grad_initial if grad_final is None else grad_final, cu, prep, state_grads, grad_initial, seqlen, heads,
-        BV=VALUE_BLOCK[n], BF16_DOTS=bf16_dots, INTERPRET=_interpreting(), HAS_GST=grad_final is not None,
-        num_warps=STATE_NUM_WARPS[n], **flags)
+        BV=VALUE_BLOCK[n], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=_interpreting(),
+        HAS_GST=grad_final is not None, num_warps=STATE_NUM_WARPS[n], **flags)
     _chunked_bwd_kernel[(prep.shape[0] * heads,)](
         r, w, k, v, a, b, cu, checkpoints, grad_y, state_grads, prep, scratch, *grads, seqlen, heads, n_seqs,
         DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=_interpreting(),

@@ -235,7 +235,7 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             sa, d, dlog, k, v, a, b = _token_inputs(prev, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
                                                     LOW_PRECISION)
             r = _load_in(r_ptr, at_cols, LOW_PRECISION)
-            gy = tl.load(gy_ptr + at_rows).to(tl.float32)
+            gy = _load_in(gy_ptr, at_rows, LOW_PRECISION)
             dS += gy[:, None] * r[None, :]
             dsa = tl.sum(dS * b[None, :], axis=1)
             _store_out(dv_ptr, at_rows, tl.sum(dS * k[None, :], axis=1), LOW_PRECISION)
