@@ -252,6 +252,24 @@ def test_program_with_one_trip_count_takes_it_per_loop():
         model.program_with_loop_trips(kernel, (1, 2, 3))
 
 
+def test_program_with_loop_trips_counts_each_body_once_per_level():
+    """The CUDA gradients kernel's loops three deep: the window's chunk loop holds the masked products' loop and the
+    pass loop, which holds the contraction's. Each loop's own body (its paths take the loops in it once) is counted
+    its trips times those of every loop around it, a middle loop's without the loops in it."""
+    from tools.static_report import model
+
+    def loop(address, static, work, inner=()):
+        return kernels.Loop(address, static, sass.Path(work), sass.Path(work), list(inner))
+
+    masked, contraction = loop(0x180, 10, 10), loop(0x400, 5, 5)
+    passes = loop(0x300, 60, 40, [contraction])  # its own body: 35
+    chunk = loop(0x100, 200, 150, [masked, contraction])
+    kernel = kernels.Kernel("k", "cuda", "k.cu", "k", 128, 0, 0, 0, 0, 128, sass.Path(300), [masked, contraction],
+                            [chunk, passes])
+    # 1 chunk, 3 masked trips, 4 passes of 6 contraction trips each (24 in all).
+    assert model.program_with_loop_trips(kernel, (1, 3, 4, 6)).instructions == 300 + 2 * 10 + 3 * 35 + 23 * 5
+
+
 def _declared_threads(source: str) -> dict:
     """{kernel name: the threads each instantiation's __launch_bounds__ declares (PTX .maxntid)} for one .cu."""
     with tempfile.TemporaryDirectory() as tmp:

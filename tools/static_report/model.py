@@ -376,8 +376,9 @@ def program_with_loop_trips(kernel, trips: tuple | int) -> Path:
 
     total = kernel.work
     for loop, trip in zip(loops, trips):
+        # the loops directly in it: every loop around them is this one or around this one
         nested = [other for other in loops if other is not loop and loop in around(other)
-                  and all(loop in around(mid) or mid is loop for mid in around(other))]
+                  and all(mid is loop or mid in around(loop) for mid in around(other))]
         body = sum((_times(inner.work, -1) for inner in nested), start=loop.work)
         times = trip * math.prod(trips[loops.index(outer)] for outer in around(loop))
         total = total + _times(body, times - 1)
