@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const
   for (int64_t chunk_end = stop; chunk_end > start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
     const int len = int(chunk_end - q);
-    prepare_chunk<N, io_t, w_t, P, 4>(sm, p, at, q, len, t,
-                                      [&] { g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len); });
+    prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t,
+                                   [&] { g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len); });
     if (t < N) substitute_rows(sm, t);  // the column scale_rows gave this thread
     __syncthreads();
     cotangent_step(g, sm);
@@ -130,6 +130,8 @@ struct GradientRows {
   static constexpr int kRows = N == 128 ? 16 : 32;
   static constexpr int kSegs = kThreads / kRows;
   static constexpr int kGroups = N / (4 * kSegs);  // 4-column groups of k per thread
+  // row_products' unroll over them: by 2 at N = 128, where in full the fp32-mode gradients kernel spilled 8 B.
+  static constexpr int kGroupUnroll = N == 128 ? 2 : kGroups;
   static_assert(kGroups * 4 * kSegs == N && kSegs <= 32, "a row's threads take whole 4-column groups in one warp");
   // Rows kRow floats apart: N + 16 where a quarter warp (8 lanes, 16-byte loads) spans two rows (kSegs = 4), so that
   // their 4-column groups fall on distinct banks.
@@ -203,7 +205,7 @@ __device__ __forceinline__ void row_products(const float* row, const float (&M)[
                                              int seg) {
   using Rows = GradientRows<N>;
   float sum[kL] = {};
-#pragma unroll
+#pragma unroll Rows::kGroupUnroll
   for (int grp = 0; grp < Rows::kGroups; ++grp) {
     const int k0 = 4 * (Rows::kSegs * grp + seg);
     const Float4 x = load4(row + k0);
@@ -809,9 +811,7 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
   const io_t *v = static_cast<const io_t*>(p.v), *gy = static_cast<const io_t*>(p.grad_y);
   io_t* gv = static_cast<io_t*>(p.grad_v);
 
-  // 4 values per thread and load in the bf16 mode; 1 in the fp32 mode, where 4 kept addresses across the passes at
-  // the register cap (spilled 40-148 B).
-  prepare_chunk<N, io_t, w_t, P, P == Precision::kBF16 ? 4 : 1>(sm.chunk, p, at, q, len, t, [] {});
+  prepare_chunk<N, io_t, w_t, P>(sm.chunk, p, at, q, len, t, [] {});
   // T for substitutions_mma, on the last 16 threads (idle in scale_rows below N = 128).
   if constexpr (P == Precision::kBF16) {
     if (t >= kThreads - kL) invert_unit_lower(sm.chunk, t - (kThreads - kL));
@@ -835,8 +835,8 @@ __device__ __forceinline__ void chunk_gradients(GradientShared<N>& sm, const Wkv
     }
   }
   __syncthreads();  // the contractions are in; the scaled rows are read no more
-  // r, k, a, b raw again (no pass follows: 4 values per thread); the decays are the first load's.
-  load_chunk<N, io_t, w_t, P, 4, Wkv7BackwardParams, false>(sm.chunk, p, at, q, len, t);
+  // r, k, a, b raw again; the decays are the first load's.
+  load_chunk<N, io_t, w_t, P, Wkv7BackwardParams, false>(sm.chunk, p, at, q, len, t);
   __syncthreads();
   column_gradients<N, io_t, w_t, P>(sm, p, at, q, len, t);
 }
@@ -852,16 +852,17 @@ __global__ void __launch_bounds__(kThreads) chunked_gradients_kernel(const Wkv7B
   const int64_t last = first + kL < p.size.seqlen ? first + kL : p.size.seqlen;
   TokenIndex at{batch, p.size.seqlen, heads, int64_t(blockIdx.x) % heads, N};
   // The sequences that overlap the window: batch row `batch`, or with cu_seqlens (batch 0) the packed sequences
-  // from the first that ends past the window's first token (offsets nondecreasing: Python checks them).
-  int64_t s = batch, s_end = batch + 1;
+  // from the first that ends past the window's first token (offsets nondecreasing: Python checks them). Counted in
+  // 32 bits (sequences x heads < 2^31: the launch checks): live across the whole chunk, a 64-bit count was spilled.
+  int s = int(batch), s_end = int(batch) + 1;
   if (const int64_t* cu = p.size.cu_seqlens; cu != nullptr) {
-    int64_t lo = 0, hi = p.size.n_seqs;
+    int lo = 0, hi = int(p.size.n_seqs);
     while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
+      const int mid = (lo + hi) / 2;
       if (cu[mid + 1] <= first) lo = mid + 1; else hi = mid;
     }
     s = lo;
-    s_end = p.size.n_seqs;
+    s_end = int(p.size.n_seqs);
   }
   for (; s < s_end; ++s) {
     int64_t seq_batch, start, stop;
@@ -869,7 +870,7 @@ __global__ void __launch_bounds__(kThreads) chunked_gradients_kernel(const Wkv7B
     if (start >= last) break;
     const int64_t q = start > first ? start : first, end = stop < last ? stop : last;
     if (q >= end) continue;
-    chunk_gradients<N, io_t, w_t, P>(sm, p, at, s * heads + at.h, start, stop, q, int(end - q), t);
+    chunk_gradients<N, io_t, w_t, P>(sm, p, at, int64_t(s) * heads + at.h, start, stop, q, int(end - q), t);
   }
 }
 

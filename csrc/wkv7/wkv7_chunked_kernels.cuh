@@ -109,56 +109,40 @@ __device__ __forceinline__ int64_t chunk_slot(const Wkv7Sizes& size, const Token
 }
 
 // The chunk's inputs r, k, a, b and the decays into sm, widened (bf16-rounded first in the bf16 mode); rows past the
-// chunk zero, decay 1 (loaded from the chunk's last row and dropped). kWidth consecutive values of a row per thread
-// and pass: 4 (r..b aligned to 4 elements: the glue copies them where not) makes one address and one 8- or 16-byte
-// load per input and one 16-byte store per row of sm; the gradients kernel's first load takes 1 in the fp32 mode (at
-// its register cap the 4-value form spilled 40-148 B there). The 1-value form is kept as it was, not as a loop over
-// kWidth values: that loop changed the gradients kernel's allocation (N = 128, fp32 mode: 24 -> 80 B of spills).
-// Params: the forward's or the backward's. kDecays false: r, k, a, b only (sm.d kept from an earlier load: each decay
-// costs an exp and a division).
-template <int N, typename io_t, typename w_t, Precision P, int kWidth, typename Params, bool kDecays = true>
+// chunk zero, decay 1 (loaded from the chunk's last row and dropped). 4 consecutive values of a row per thread and
+// pass (r..b aligned to 4 elements: the glue copies them where not): one address and one 8- or 16-byte load per
+// input and one 16-byte store per row of sm. Params: the forward's or the backward's. kDecays false: r, k, a, b only
+// (sm.d kept from an earlier load: each decay costs an exp and a division).
+template <int N, typename io_t, typename w_t, Precision P, typename Params, bool kDecays = true>
 __device__ __forceinline__ void load_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len, int t) {
-  static_assert(kWidth == 1 || kWidth == 4, "one value or four");
-  static_assert(kDecays || kWidth == 4, "the load without decays moves four values");
-  static_assert(kL * N % (kThreads * kWidth) == 0, "the threads load a chunk's rows in whole passes");
+  static_assert(kL * N % (kThreads * 4) == 0, "the threads load a chunk's rows in whole passes");
   const io_t *r = static_cast<const io_t*>(p.r), *k = static_cast<const io_t*>(p.k);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
   const w_t* w = static_cast<const w_t*>(p.w);
   const Decay decay = static_cast<Decay>(p.size.decay);
   constexpr Precision kW = wkv7::kDecayMode<P, io_t>;
 #pragma unroll
-  for (int i = 0; i < kL * N / (kThreads * kWidth); ++i) {
+  for (int i = 0; i < kL * N / (kThreads * 4); ++i) {
     const int e = t + kThreads * i;
-    const int l = e / (N / kWidth), j = kWidth * (e % (N / kWidth));
+    const int l = e / (N / 4), j = 4 * (e % (N / 4));
     const bool in_chunk = l < len;
     const int64_t idx = at.clamped(q, l, len) + j;
-    if constexpr (kWidth == 1) {
-      const float rv = wkv7::load<P>(r[idx]), kv = wkv7::load<P>(k[idx]);
-      const float av = wkv7::load<P>(a[idx]), bv = wkv7::load<P>(b[idx]);
-      const float dv = wkv7::decay_of(wkv7::load<kW>(w[idx]), decay);
-      sm.r[l][j] = in_chunk ? rv : 0.f;
-      sm.k[l][j] = in_chunk ? kv : 0.f;
-      sm.a[l][j] = in_chunk ? av : 0.f;
-      sm.b[l][j] = in_chunk ? bv : 0.f;
-      sm.d[l][j] = in_chunk ? dv : 1.f;
-    } else {
-      Float4 rv, kv, av, bv, dv;
-      wkv7::load4<P>(r + idx, rv.x);
-      wkv7::load4<P>(k + idx, kv.x);
-      wkv7::load4<P>(a + idx, av.x);
-      wkv7::load4<P>(b + idx, bv.x);
-      if constexpr (kDecays) wkv7::load4<kW>(w + idx, dv.x);
+    Float4 rv, kv, av, bv, dv;
+    wkv7::load4<P>(r + idx, rv.x);
+    wkv7::load4<P>(k + idx, kv.x);
+    wkv7::load4<P>(a + idx, av.x);
+    wkv7::load4<P>(b + idx, bv.x);
+    if constexpr (kDecays) wkv7::load4<kW>(w + idx, dv.x);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        if constexpr (kDecays) dv.x[c] = in_chunk ? wkv7::decay_of(dv.x[c], decay) : 1.f;
-        if (!in_chunk) rv.x[c] = kv.x[c] = av.x[c] = bv.x[c] = 0.f;
-      }
-      *reinterpret_cast<Float4*>(&sm.r[l][j]) = rv;
-      *reinterpret_cast<Float4*>(&sm.k[l][j]) = kv;
-      *reinterpret_cast<Float4*>(&sm.a[l][j]) = av;
-      *reinterpret_cast<Float4*>(&sm.b[l][j]) = bv;
-      if constexpr (kDecays) *reinterpret_cast<Float4*>(&sm.d[l][j]) = dv;
+    for (int c = 0; c < 4; ++c) {
+      if constexpr (kDecays) dv.x[c] = in_chunk ? wkv7::decay_of(dv.x[c], decay) : 1.f;
+      if (!in_chunk) rv.x[c] = kv.x[c] = av.x[c] = bv.x[c] = 0.f;
     }
+    *reinterpret_cast<Float4*>(&sm.r[l][j]) = rv;
+    *reinterpret_cast<Float4*>(&sm.k[l][j]) = kv;
+    *reinterpret_cast<Float4*>(&sm.a[l][j]) = av;
+    *reinterpret_cast<Float4*>(&sm.b[l][j]) = bv;
+    if constexpr (kDecays) *reinterpret_cast<Float4*>(&sm.d[l][j]) = dv;
   }
 }
 
@@ -347,13 +331,13 @@ inline constexpr int kMaskedBlock = P == Precision::kBF16 || N < 128 ? kL / 2 : 
 
 // A chunk's v-independent part into sm, each step behind a barrier (the first: the previous chunk's readers of sm
 // are done): its inputs, with load_more() beside them (a slice's per-row values), the masked products, the scaled
-// rows. No barrier after scale_rows: a thread may go on with the column it scaled. kLoadWidth: load_chunk's kWidth.
-template <int N, typename io_t, typename w_t, Precision P, int kLoadWidth, typename Params, typename LoadMore>
+// rows. No barrier after scale_rows: a thread may go on with the column it scaled.
+template <int N, typename io_t, typename w_t, Precision P, typename Params, typename LoadMore>
 __device__ __forceinline__ void prepare_chunk(Shared<N>& sm, const Params& p, TokenIndex at, int64_t q, int len,
                                               int t, LoadMore&& load_more) {
   constexpr int kBlock = kMaskedBlock<N, P>;
   __syncthreads();
-  load_chunk<N, io_t, w_t, P, kLoadWidth>(sm, p, at, q, len, t);
+  load_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t);
   load_more();
   __syncthreads();
   masked_products<N, kBlock>(sm, t);
@@ -728,8 +712,8 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7For
     if (p.checkpoints != nullptr && q % kL == 0) {  // the state before the chunk
       slice.store_checkpoint(p.checkpoints + chunk_slot(p.size, at, q) * N * int64_t(N));
     }
-    prepare_chunk<N, io_t, w_t, P, 4>(sm, p, at, q, len, t,
-                                      [&] { slice.load_values(static_cast<const io_t*>(p.v), at, q, len); });
+    prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t,
+                                   [&] { slice.load_values(static_cast<const io_t*>(p.v), at, q, len); });
     if constexpr (Slice::kUsesInverse) {  // on the last 16 threads, idle in scale_rows below N = 128
       if (t >= kThreads - kL) invert_unit_lower(sm, t - (kThreads - kL));
     }

@@ -205,8 +205,10 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: b
     block per chunk and head; r..b, dy, the checkpoints and the cotangents in, six gradients out). The gradients
     kernel's loops, in address order: the search for the window's first sequence (no trips without cu_seqlens), the
     pieces of sequences in the window (1), the masked products (9, or 17), the passes over the value rows (N / rows),
-    then each pass's contraction over the rows (fp32 mode) or its row-product jobs and substitution jobs (bf16 mode: 3
-    and 2 per 16 rows, the 4 warps taking them in turn: the mean per warp); the loads of S_0 and G rows are unrolled.
+    then each pass's three row products over k (fp32 mode, where not unrolled in full: constants.cu's
+    chunked_row_product_trips) and contraction over the rows, or its row-product jobs and substitution jobs (bf16
+    mode: 3 and 2 per 16 rows, the 4 warps taking them in turn: the mean per warp); the loads of S_0 and G rows are
+    unrolled.
     low_precision: precision="bf16", whose state step, row products, substitutions and contractions run on tensor
     cores (each HMMA one issue slot)."""
     sequential = _wkv7(True, heads, n, constants)
@@ -220,7 +222,9 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: b
     title = f"{' (bf16 mode)' if low_precision else ''} B{b} T{t} H{heads} N{n} bf16"
     units = dict(unit="token-head", units=sequential.units)
     threads = constants["chunked_threads"]
-    jobs = (3 * (rows // 16) / (threads // 32), 2 * (rows // 16) / (threads // 32)) if low_precision else (rows,)
+    row_products = (sizes["chunked_row_product_trips"],) * 3 if sizes["chunked_row_product_trips"] else ()
+    jobs = (3 * (rows // 16) / (threads // 32), 2 * (rows // 16) / (threads // 32)) if low_precision else (
+        *row_products, rows)
     mode = "kBF16" if low_precision else "kFP32"
     masked = _masked_trips(constants, n, low_precision)
     gradients = Workload(f"WKV7 chunked bwd gradients{title}",
