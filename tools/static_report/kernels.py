@@ -210,11 +210,9 @@ TRITON = {
 # report still lists their spills).
 # (The CUDA WKV7 N=64 backwards were here, 320-370 B at the 255-register cap, until the backward's shared-memory
 # column dots were unrolled by 16 instead of fully; the CUDA chunked gradients kernel in precision="fp32", 16-24 B,
-# until 2026-11-29: benchmarks/NOTES.md, "No spills in the chunked kernels".)
+# and the Triton chunked gradients in precision="bf16", 16 B, until 2026-11-29: benchmarks/NOTES.md, "No spills in
+# the chunked kernels".)
 SPILL_ALLOWED: dict = {
-    "wkv7 chunked bwd N64 bf16-dots": "0 / 16 / 16 B at N = 32/64/128 (Triton 3.7.1; 3.6.0 20-36 B), none in its "
-                                      "innermost loops: at the 255-register cap (the split products' operands), two "
-                                      "64-bit row addresses reloaded once per k slice (benchmarks/NOTES.md)",
     "wkv7 bwd N128 bf16": "0-68 B across its specialisations and Triton 3.6/3.7 (8 B here, a scratch address reloaded "
                           "once per 4-token sub-chunk, none in the token loops): two 128 x 128 fp32 blocks over 256 "
                           "threads hold 128 registers each; two programs of 64 rows would not spill (191 registers) "
