@@ -72,7 +72,7 @@ struct RowLanes {
 
 // The forward's: 2 lanes per row at N = 64, 4 blocks per SM (128 registers): twice the warps per scheduler of a
 // thread per row (4 instead of 2 at B8 H64 N64) and half the dependent chain per token, for 2 shuffles per token.
-// N = 32 and 128 keep a thread per row: at N = 128 its 235 registers give 2 blocks per SM (one wave for B8 H32), and
+// N = 32 and 128 keep a thread per row: at N = 128 its 176 registers give 2 blocks per SM (one wave for B8 H32), and
 // 2 lanes of 64 columns spill at 128 registers.
 template <int N>
 using ForwardLanes = std::conditional_t<N == 64, RowLanes<N, 2, 4>, RowLanes<N, 1, 0>>;
@@ -203,30 +203,34 @@ __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kM
   const io_t *k = static_cast<const io_t*>(p.k), *v = static_cast<const io_t*>(p.v);
   const io_t *a = static_cast<const io_t*>(p.a), *b = static_cast<const io_t*>(p.b);
   io_t* y = static_cast<io_t*>(p.y);
-  __shared__ __align__(16) float r_[2][N], d_[2][N], k_[2][N], v_[2][N], a_[2][N], b_[2][N];
+  // Two buffers of the staged vectors, one base each: a buffer's arrays at immediate offsets from it (six arrays of
+  // two buffers each took ~30 address instructions per token).
+  enum Staged { kR, kD, kK, kV, kA, kB, kStaged };
+  __shared__ __align__(16) float stage[2][kStaged][N];
   float row[Lanes::kCols];
   load_initial_row<Lanes>(p.initial_state, t, i, lane, row);
   TokenInputs next{};
-  if (stager && t.start < t.end) next = load_token<P>(token_index(p.size, t, t.start, N) + e, r, w, k, v, a, b);
-  for (int64_t q = t.start; q < t.end; ++q) {
+  const int64_t stride = p.size.heads * N;  // between one token's rows and the next's
+  int64_t token = token_index(p.size, t, t.start, N);
+  if (stager && t.start < t.end) next = load_token<P>(token + e, r, w, k, v, a, b);
+  for (int64_t q = t.start; q < t.end; ++q, token += stride) {
     if (p.checkpoints != nullptr && q % kCheckpointEvery == 0) {
       float* slot = checkpoint_slot<N>(p.checkpoints, p.size, t, q);
 #pragma unroll
       for (int m = 0; m < Lanes::kCols; ++m) slot[Lanes::col(lane, m) * N + i] = row[m];  // transposed: coalesced
     }
-    const int64_t token = token_index(p.size, t, q, N);
-    const int buf = int(q - t.start) & 1;
+    float(&cur)[kStaged][N] = stage[(q - t.start) & 1];
     if (stager) {
-      r_[buf][e] = next.r;
-      d_[buf][e] = wkv7::decay_of(next.w, decay);
-      k_[buf][e] = next.k;
-      v_[buf][e] = next.v;
-      a_[buf][e] = next.a;
-      b_[buf][e] = next.b;
+      cur[kR][e] = next.r;
+      cur[kD][e] = wkv7::decay_of(next.w, decay);
+      cur[kK][e] = next.k;
+      cur[kV][e] = next.v;
+      cur[kA][e] = next.a;
+      cur[kB][e] = next.b;
     }
     __syncthreads();  // token q is staged, and every thread is past token q - 2, this buffer's last reader
-    if (stager && q + 1 < t.end) next = load_token<P>(token + p.size.heads * N + e, r, w, k, v, a, b);
-    const float yi = lane_step<Lanes>(row, r_[buf], d_[buf], k_[buf], a_[buf], b_[buf], v_[buf][i], lane);
+    if (stager && q + 1 < t.end) next = load_token<P>(token + stride + e, r, w, k, v, a, b);
+    const float yi = lane_step<Lanes>(row, cur[kR], cur[kD], cur[kK], cur[kA], cur[kB], cur[kV][i], lane);
     if (lane == 0) y[token + i] = wkv7::store<io_t, P>(yi);
   }
   store_row<Lanes>(p.final_state + t.task * int64_t(N) * N, i, lane, row);
