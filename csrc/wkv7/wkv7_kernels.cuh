@@ -282,6 +282,7 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
   for (int64_t chunk_end = t.end; chunk_end > t.start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, t.start);
     const int len = int(chunk_end - q);
+    const int64_t chunk_token = token_index(p.size, t, q, N), stride = p.size.heads * N;  // token q + l: + l stride
     for (int sub_end = len; sub_end > 0;) {
       const int sub = (sub_end - 1) / kSubChunk * kSubChunk;  // the sub-chunk: tokens [q + sub, q + sub_end)
       {
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
         __syncthreads();  // the previous sub-chunk's readers of states and sa_ are done
         if (sub == 0) store_row<Lanes>(states, i, lane, row);
         for (int l = 0; l < sub_end; ++l) {
-          const int64_t idx = token_index(p.size, t, q + l, N) + e;
+          const int64_t idx = chunk_token + l * stride + e;
           __syncthreads();  // the previous token's readers are done
           if (stager) {
             a_[e] = wkv7::load<P>(a[idx]);
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
         }
       }
       for (int l = sub_end - 1; l >= sub; --l) {
-        const int64_t token = token_index(p.size, t, q + l, N);
+        const int64_t token = chunk_token + l * stride;
         __syncthreads();  // the recompute's (or the previous step's) readers are done; its writes are visible
         if (stager) {
           const int64_t idx = token + e;
