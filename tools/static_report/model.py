@@ -17,8 +17,10 @@ The model (stated in the report too):
   as they run per token, Workload.inner_trips), on its lean path (the forward's every-16th-token checkpoint store
   left out; its bytes are in the floor); the once-per-chunk and once-per-sequence code is not counted. The
   backwards name their token loops' trips per token instead (Workload.cuda_token_loops, triton_token_loops): the
-  recompute loop runs 1.5 times per token (2.5 at N = 128), storing a state on (k + 1) / k of them in CUDA,
-  1 in Triton (sub-chunks of k tokens), and the adjoint loop once, in CUDA on its work path (lane 0's gradient stores:
+  recompute loop runs 1.5 times per token (2.5 at N = 128), storing a state on (k + 1) / k of them in CUDA; in
+  Triton, which stops before each sub-chunk's last token, 1 / k fewer times, storing on (k - 1) / k of them
+  (sub-chunks of k tokens; the state before that last token is stored once per sub-chunk, not counted); the
+  adjoint loop once, in CUDA on its work path (lane 0's gradient stores:
   every warp issues them), with a loop nested in it (N = 128: the column sum) taken Workload.inner_trips times.
   (Triton predicates that state store, which no SASS path counts: its scratch is the workload's,
   Workload.triton_scratch, under the same L2 rule.) The CUDA sequential kernels' token loops also run a branch that
@@ -158,18 +160,21 @@ def _wkv7(backward: bool, heads: int, n: int, constants: dict, cuda: bool = True
                            cuda_token_loops=((storing, recompute(sub) - storing), (1, 0)) if backward else (),
                            inner_trips=column_trips if column_trips > 1 else 0,
                            scratch_per_block=(sub + 1) * n * n * 4 if backward else 0)  # k + 1 states
+    triton_sub = recurrent.sub_chunk(n)
+    triton_stored = (triton_sub - 1) / triton_sub  # states the Triton recompute stores per token
     rows = (recurrent.BWD_ROWS_AND_WARPS if backward else recurrent.FWD_ROWS_AND_WARPS)[n][0]
     row_blocks = n // rows
     split = backward and row_blocks > 1
     partials = row_blocks * 5 * (tensor // 2) * 4 if split else 0
     return Workload(f"WKV7 {direction} B{b} T{t} H{heads} N{n} bf16", "token-head", b * t * heads, read, written,
                     b * heads, triton=(f"wkv7 {direction} N{n} bf16",), tokens=t,
-                    # Triton's recompute stores the state before each of the sub-chunk's tokens (1 per token), and
-                    # its adjoint works from S_{t-1} alone (the state before the token) instead of keeping S_t.
-                    triton_token_loops=((1, recompute(recurrent.sub_chunk(n)) - 1), (0, 1)) if backward else (),
+                    # Triton's adjoint works from S_{t-1} alone (the state before the token) instead of keeping S_t,
+                    # so its recompute stops before a sub-chunk's last token, storing the state before each of the
+                    # others: k - 1 stores in recompute(k) - 1 / k steps per token.
+                    triton_token_loops=((triton_stored, recompute(triton_sub) - 1), (0, 1)) if backward else (),
                     triton_blocks=b * heads * row_blocks,
-                    triton_scratch_per_block=recurrent.sub_chunk(n) * rows * n * 4 if backward else 0,  # k states' rows
-                    triton_scratch=b * t * heads * n * n * 4 if backward else 0,  # a state stored per token
+                    triton_scratch_per_block=triton_sub * rows * n * 4 if backward else 0,  # k states' rows
+                    triton_scratch=round(b * t * heads * n * n * 4 * triton_stored) if backward else 0,
                     triton_partials=partials, triton_combine_read=partials + tensor if split else 0,
                     triton_combine_written=5 * tensor if split else 0, **cuda_fields)
 

@@ -14,7 +14,8 @@ two or three waves of many resident programs. It saves an fp32 checkpoint of S b
 The backward walks the chunks backwards, and each chunk's sub-chunks of sub_chunk(N) tokens backwards: it recomputes
 the chunk from its checkpoint up to the sub-chunk's end, keeping the sub-chunk's states in a per-program scratch
 buffer (exactly the forward's arithmetic), then runs the sub-chunk's adjoint recurrence token by token in reverse.
-Sub-chunks cost 1.5 recompute steps per token (2.5 at N >= 128) and keep the scratch of every resident program
+The adjoint needs only the state before each token, so the recompute stops before the sub-chunk's last token.
+Sub-chunks cost 1.375 recompute steps per token (2.25 at N >= 128) and keep the scratch of every resident program
 within an H100's 50 MB L2, as the CUDA twin does (whole 16-token chunks streamed ~33 GB of scratch through DRAM at
 B8 T4096 H64 N64). No backstepping (dividing by the decay), so the backward is as precise as the forward for any
 decay. The gradients of r, w, k, a and b are sums over all rows, so splitting the rows needs partial sums: only
@@ -217,14 +218,16 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
         s1 = tl.minimum(s0 + SUB, eos)
         c = j // (CHUNK // SUB)
         t0 = bos + c * CHUNK
-        # Recompute the chunk up to the sub-chunk's end (same arithmetic as the forward), keeping the states before
-        # each of the sub-chunk's tokens.
+        # Recompute the chunk up to the sub-chunk's last token (same arithmetic as the forward), keeping the states
+        # before each of the sub-chunk's tokens. The adjoint needs no state after the last one (it works from S_{t-1}
+        # alone), so the last token is not stepped: 1 step per sub-chunk fewer.
         S = tl.load(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat)
-        for t in range(t0, s1):
+        for t in range(t0, s1 - 1):
             if t >= s0:
                 tl.store(scratch + (t - s0) * N * N, S)
             token = (t * H + h) * N
             S = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
+        tl.store(scratch + (s1 - 1 - s0) * N * N, S)
         tl.debug_barrier()
         for tt in range(0, s1 - s0):
             t = s1 - 1 - tt
