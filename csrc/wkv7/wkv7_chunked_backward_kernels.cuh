@@ -48,10 +48,32 @@ __device__ __forceinline__ void substitute_rows(Shared<N>& sm, int j) {
   }
 }
 
-// One chunk of pass 1 for the thread's row of G (g.st; g.vv holds dY[:, row]): Z^T = G B^^T, then
+// precision="fp32": the slice's rows of dY over a chunk, [row][chunk row], rows kL + 1 apart (the lanes of a warp
+// read one chunk row of 16 value rows on distinct banks). Staged in shared memory while the chunk is prepared, not
+// held in each thread's registers through it (as the forward's SimtSlice::vv holds V): those 16 registers took
+// pass 1 past the 128 that 4 blocks per SM allow.
+template <int VS>
+using RowsOfChunk = float[VS][kL + 1];
+
+// The thread's value row of x (token rows [q, q + len), zeros past len) into its row of rows (g.vi % VS: the
+// slice's first row is a multiple of VS), each of the row's kSegs threads taking every kSegs-th chunk row.
+template <int N, int VS, typename io_t, Precision P>
+__device__ __forceinline__ void stage_rows(RowsOfChunk<VS>& rows, const SimtSlice<N, VS, io_t, P>& g, const io_t* x,
+                                           TokenIndex at, int64_t q, int len) {
+  constexpr int kSegs = SimtSlice<N, VS, io_t, P>::kSegs;
+#pragma unroll
+  for (int i = 0; i < kL / kSegs; ++i) {
+    const int l = i * kSegs + g.seg;
+    const float value = wkv7::load<P>(x[at.clamped(q, l, len) + g.vi]);
+    rows[g.vi % VS][l] = l < len ? value : 0.f;
+  }
+}
+
+// One chunk of pass 1 for the thread's row of G (g.st; dy[g.vi % VS] holds dY[:, g.vi]): Z^T = G B^^T, then
 // G <- G diag(E(L, 0)) + Z^T W + dY^T R' (sm.a = W, sm.r = R').
 template <int N, int VS, typename io_t, Precision P>
-__device__ __forceinline__ void cotangent_step(SimtSlice<N, VS, io_t, P>& g, const Shared<N>& sm) {
+__device__ __forceinline__ void cotangent_step(SimtSlice<N, VS, io_t, P>& g, const Shared<N>& sm,
+                                               const RowsOfChunk<VS>& dy) {
   using Slice = SimtSlice<N, VS, io_t, P>;
   float z[kL];
 #pragma unroll
@@ -72,11 +94,15 @@ __device__ __forceinline__ void cotangent_step(SimtSlice<N, VS, io_t, P>& g, con
     const Float4 decay_all = load4(&sm.decay_all[g.col(c, 0)]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) g.st[c][e] *= decay_all.x[e];
+  }
 #pragma unroll
-    for (int l = 0; l < kL; ++l) {
+  for (int l = 0; l < kL; ++l) {
+    const float dy_l = dy[g.vi % VS][l];
+#pragma unroll
+    for (int c = 0; c < Slice::kGroups; ++c) {
       const Float4 w = load4(&sm.a[l][g.col(c, 0)]), rp = load4(&sm.r[l][g.col(c, 0)]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) g.st[c][e] = fmaf(z[l], w.x[e], fmaf(g.vv[l], rp.x[e], g.st[c][e]));
+      for (int e = 0; e < 4; ++e) g.st[c][e] = fmaf(z[l], w.x[e], fmaf(dy_l, rp.x[e], g.st[c][e]));
     }
   }
 }
@@ -96,8 +122,16 @@ __device__ __forceinline__ void cotangent_step(MmaSlice<N, VS, io_t, P>& slice, 
   slice.update_state(sm, z_hi, z_lo, sm.a, sm.r);
 }
 
+// The blocks per SM that pass 1's __launch_bounds__ asks for (0: left to ptxas): 4 at N = 64 with bf16 I/O, which
+// then fits 128 registers without spilling (dY staged in shared memory; the fp32 mode took 168 left to itself: 3
+// blocks per SM, B8 H64's 512 blocks in 2 waves; 4 run them in one, which halves the chain's upper bound). At 128
+// registers fp16 and fp32 I/O spilled 40-92 B (the fp32 mode), N = 128 80-184 B; N = 32 fits 4 blocks unasked.
+template <int N, typename io_t>
+inline constexpr int kStatePassMinBlocks = N == 64 && std::is_same_v<io_t, bf16_t> ? 4 : 0;
+
 template <int N, int VS, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const Wkv7BackwardParams p) {
+__global__ void __launch_bounds__(kThreads, kStatePassMinBlocks<N, io_t>)
+    chunked_state_cotangent_kernel(const Wkv7BackwardParams p) {
   using Slice = std::conditional_t<P == Precision::kBF16, MmaSlice<N, VS, io_t, P>, SimtSlice<N, VS, io_t, P>>;
   __shared__ Shared<N> sm;
   const int t = threadIdx.x;
@@ -107,16 +141,27 @@ __global__ void __launch_bounds__(kThreads) chunked_state_cotangent_kernel(const
   wkv7::sequence_range(p.size.cu_seqlens, task / p.size.heads, p.size.seqlen, at.batch, start, stop);
   constexpr int64_t kNN = int64_t(N) * N;
 
-  Slice g(t, int(blockIdx.y) * VS);  // the slice's rows of G (st) and of dY (vv)
+  Slice g(t, int(blockIdx.y) * VS);  // the slice's rows of G (st) and, in precision="bf16", of dY (vt)
+  __shared__ RowsOfChunk<VS> dy;  // precision="fp32": the slice's rows of dY
+  const io_t* gy = static_cast<const io_t*>(p.grad_y);
   g.load_initial(p.grad_final_state ? p.grad_final_state + task * kNN : nullptr);
   for (int64_t chunk_end = stop; chunk_end > start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
     const int len = int(chunk_end - q);
-    prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t,
-                                   [&] { g.load_values(static_cast<const io_t*>(p.grad_y), at, q, len); });
+    prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t, [&] {
+      if constexpr (P == Precision::kBF16) {
+        g.load_values(gy, at, q, len);
+      } else {
+        stage_rows(dy, g, gy, at, q, len);
+      }
+    });
     if (t < N) substitute_rows(sm, t);  // the column scale_rows gave this thread
     __syncthreads();
-    cotangent_step(g, sm);
+    if constexpr (P == Precision::kBF16) {
+      cotangent_step(g, sm);
+    } else {
+      cotangent_step(g, sm, dy);
+    }
     if (q > start) g.store_checkpoint(p.scratch + chunk_slot(p.size, at, q) * kNN);  // G before the chunk, k-major
     chunk_end = q;
   }

@@ -693,8 +693,16 @@ struct MmaSlice {
   }
 };
 
+// The blocks per SM that the forward's __launch_bounds__ asks for (0: left to ptxas). At N = 64 the bf16 mode fits
+// 128 registers without spilling (left to itself it took 128-134: 3 blocks per SM, B8 H64's 512 blocks in 2 waves);
+// 4 blocks per SM run them in one wave, which halves the chain's upper bound. At 128 registers the fp32 mode spilled
+// 52-76 B (N = 64; 40-96 B with its 16 values of V staged in shared memory or Y0 summed a token at a time) and
+// N = 128's bf16 mode 236-248 B.
+template <int N, Precision P>
+inline constexpr int kForwardMinBlocks = N == 64 && P == Precision::kBF16 ? 4 : 0;
+
 template <int N, int VS, typename io_t, typename w_t, Precision P>
-__global__ void __launch_bounds__(kThreads) chunked_forward_kernel(const Wkv7ForwardParams p) {
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks<N, P>) chunked_forward_kernel(const Wkv7ForwardParams p) {
   using Slice = std::conditional_t<P == Precision::kBF16, MmaSlice<N, VS, io_t, P>, SimtSlice<N, VS, io_t, P>>;
   __shared__ Shared<N> sm;
   const int t = threadIdx.x;
