@@ -138,6 +138,19 @@ def test_spill_check_fails_on_new_spills(test_kernels):
     assert report.compared_twins(dict(clean, nvcc="12.8.93"), toolchain) == ["triton"]
 
 
+@needs_nvcc
+def test_static_shared_check_fails_over_48_kb(test_kernels):
+    wide = test_kernels["wide_copy"]
+    assert report.static_shared_failures([wide]) == []
+    at_limit = dataclasses.replace(wide, shared=report.STATIC_SHARED_LIMIT)
+    over = dataclasses.replace(wide, shared=report.STATIC_SHARED_LIMIT + 16)
+    assert report.static_shared_failures([at_limit]) == []
+    failures = report.static_shared_failures([over])
+    assert len(failures) == 1 and failures[0].startswith(wide.key) and "static shared memory" in failures[0]
+    # Triton's figure is its whole request, dynamic shared memory included: not judged.
+    assert report.static_shared_failures([dataclasses.replace(over, twin="triton")]) == []
+
+
 def test_readable_cuda_names():
     names = cuda.readable_names(["_ZN7ropewkv4cuda11wkv7_detail14forward_kernelILi64ENS_6bf16_tELNS_9PrecisionE0EEEv"
                                  "NS0_17Wkv7ForwardParamsE"], cuda.enum_names(ROOT))

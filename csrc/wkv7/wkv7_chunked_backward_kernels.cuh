@@ -55,6 +55,11 @@ __device__ __forceinline__ void substitute_rows(Shared<N>& sm, int j) {
 template <int VS>
 using RowsOfChunk = float[VS][kL + 1];
 
+// Where that fits the 48 KB of static shared memory a block may declare beside the chunk's Shared: N <= 64 (at
+// N = 128 Shared alone takes 47 KB, and pass 1 keeps dY in registers, as the forward keeps V: SimtSlice::vv).
+template <int N, int VS>
+inline constexpr bool kStagesDy = sizeof(Shared<N>) + sizeof(RowsOfChunk<VS>) <= 48 * 1024;
+
 // The thread's value row of x (token rows [q, q + len), zeros past len) into its row of rows (g.vi % VS: the
 // slice's first row is a multiple of VS), each of the row's kSegs threads taking every kSegs-th chunk row.
 template <int N, int VS, typename io_t, Precision P>
@@ -69,7 +74,8 @@ __device__ __forceinline__ void stage_rows(RowsOfChunk<VS>& rows, const SimtSlic
   }
 }
 
-// One chunk of pass 1 for the thread's row of G (g.st; dy[g.vi % VS] holds dY[:, g.vi]): Z^T = G B^^T, then
+// One chunk of pass 1 for the thread's row of G (g.st; dY[:, g.vi] in dy[g.vi % VS], or in g.vv where dY is not
+// staged): Z^T = G B^^T, then
 // G <- G diag(E(L, 0)) + Z^T W + dY^T R' (sm.a = W, sm.r = R').
 template <int N, int VS, typename io_t, Precision P>
 __device__ __forceinline__ void cotangent_step(SimtSlice<N, VS, io_t, P>& g, const Shared<N>& sm,
@@ -97,7 +103,7 @@ __device__ __forceinline__ void cotangent_step(SimtSlice<N, VS, io_t, P>& g, con
   }
 #pragma unroll
   for (int l = 0; l < kL; ++l) {
-    const float dy_l = dy[g.vi % VS][l];
+    const float dy_l = kStagesDy<N, VS> ? dy[g.vi % VS][l] : g.vv[l];
 #pragma unroll
     for (int c = 0; c < Slice::kGroups; ++c) {
       const Float4 w = load4(&sm.a[l][g.col(c, 0)]), rp = load4(&sm.r[l][g.col(c, 0)]);
@@ -142,17 +148,17 @@ __global__ void __launch_bounds__(kThreads, kStatePassMinBlocks<N, io_t>)
   constexpr int64_t kNN = int64_t(N) * N;
 
   Slice g(t, int(blockIdx.y) * VS);  // the slice's rows of G (st) and, in precision="bf16", of dY (vt)
-  __shared__ RowsOfChunk<VS> dy;  // precision="fp32": the slice's rows of dY
+  __shared__ RowsOfChunk<VS> dy;  // precision="fp32" where kStagesDy: the slice's rows of dY
   const io_t* gy = static_cast<const io_t*>(p.grad_y);
   g.load_initial(p.grad_final_state ? p.grad_final_state + task * kNN : nullptr);
   for (int64_t chunk_end = stop; chunk_end > start;) {
     const int64_t q = wkv7::chunk_start(chunk_end - 1, start);
     const int len = int(chunk_end - q);
     prepare_chunk<N, io_t, w_t, P>(sm, p, at, q, len, t, [&] {
-      if constexpr (P == Precision::kBF16) {
-        g.load_values(gy, at, q, len);
-      } else {
+      if constexpr (P == Precision::kFP32 && kStagesDy<N, VS>) {
         stage_rows(dy, g, gy, at, q, len);
+      } else {
+        g.load_values(gy, at, q, len);
       }
     });
     if (t < N) substitute_rows(sm, t);  // the column scale_rows gave this thread

@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     spills = "no kernel spills that did not in the baseline" + (f" ({'; '.join(uncompared)})" if uncompared else "")
     checks = {spills: report.spill_failures(compiled, baseline, twins),
               "RoPE and decay hot loops move 16-byte vectors": report.sixteen_byte_failures(
-                  [k for k in compiled if report.judged_16_byte(k)])}
+                  [k for k in compiled if report.judged_16_byte(k)]),
+              "CUDA kernels declare at most 48 KB of static shared memory": report.static_shared_failures(compiled)}
     text = report.markdown(compiled, predictions, header, checks)
     print(text)
     os.makedirs(args.out, exist_ok=True)

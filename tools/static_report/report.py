@@ -97,6 +97,17 @@ def spill_failures(kernels: list[Kernel], baseline: dict, twins: list[str]) -> l
             for k in kernels if k.twin in twins and k.spill_stores + k.spill_loads > 0 and before.get(k.key, 0) == 0]
 
 
+# The static shared memory a block may declare (ptxas 13 accepts more for sm_90a; a launch gets more only as dynamic
+# shared memory with cudaFuncAttributeMaxDynamicSharedMemorySize).
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+def static_shared_failures(kernels: list[Kernel]) -> list[str]:
+    """CUDA kernels whose static shared memory (ptxas's smem) passes STATIC_SHARED_LIMIT: they would not launch."""
+    return [f"{k.key}: {k.shared} B of static shared memory, over the {STATIC_SHARED_LIMIT} B a block may declare"
+            for k in kernels if k.twin == "cuda" and k.shared > STATIC_SHARED_LIMIT]
+
+
 def _accesses(path: Path) -> str:
     return " ".join(f"{access}x{n}" for access, n in sorted(path.accesses.items())) or "none"
 
