@@ -66,6 +66,10 @@ HEAD_SIZES = (32, 64, 128, 256)
 # The forward's kernels: the prep (a program per chunk and head) and the state pass (a program per sequence, head and
 # VALUE_BLOCK state columns).
 PREP_NUM_WARPS = {32: 4, 64: 4, 128: 4, 256: 4}
+# The prep's register cap: 3 programs per SM (ptxas took 186 registers unasked: 2), so that a scheduler holds 3 warps
+# to overlap one's dependent chain with another's (the H100 ran the chunked kernels near their chains' upper bound).
+# No spills at N = 32-256 in either precision mode on Triton 3.6 and 3.7.1; at 128 registers it spilled 108 B.
+PREP_MAX_REGISTERS = 168
 VALUE_BLOCK = {32: 32, 64: 64, 128: 64, 256: 64}
 STATE_NUM_WARPS = {32: 4, 64: 4, 128: 4, 256: 4}
 # The backward at N = 32 on 4 warps: 255 registers and ~200-400 B spilled ([16, 16, 16] decay blocks, 32 per thread).
@@ -600,7 +604,8 @@ def _prep(r, w, k, a, b, cu_seqlens, n_seqs: int, decay: str, low_precision: boo
     _chunked_prep_kernel[(slots * heads,)](
         r, w, k, a, b, r if cu_seqlens is None else cu_seqlens, prep, seqlen, heads, n_seqs, N=n, L=CHUNK,
         BK=min(n, 16), PREP=prep.shape[-1], DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
-        VARLEN=cu_seqlens is not None, SQUARES=backward, num_warps=PREP_NUM_WARPS[n])
+        VARLEN=cu_seqlens is not None, SQUARES=backward, num_warps=PREP_NUM_WARPS[n],
+        maxnreg=PREP_MAX_REGISTERS)
     return prep
 
 
