@@ -62,7 +62,6 @@ def test_bf16_mode_rounds_w_too(device, io_dtype):
         assert torch.equal(mixed[0], rounded[0]) and torch.equal(mixed[1], rounded[1]), backend
 
 
-
 @pytest.mark.parametrize("algorithm", ["sequential", "chunked"])
 @pytest.mark.parametrize("io_dtype", [torch.float32, torch.float16])
 def test_bf16_mode_rounds_grad_y_too(device, algorithm, io_dtype):
@@ -82,6 +81,7 @@ def test_bf16_mode_rounds_grad_y_too(device, algorithm, io_dtype):
         got = torch.autograd.grad(y, xs, grad_y, retain_graph=True)
         rounded = torch.autograd.grad(y, xs, grad_y.bfloat16().to(io_dtype))
         assert all(torch.equal(g, r) for g, r in zip(got, rounded)), backend
+
 
 def test_any_float_w_is_read_exactly(device):
     """w of a third dtype (fp16 beside bf16 r..b) is widened to fp32 exactly: the same numbers as an fp32 w."""
