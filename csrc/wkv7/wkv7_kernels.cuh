@@ -236,6 +236,28 @@ __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kM
   store_row<Lanes>(p.final_state + t.task * int64_t(N) * N, i, lane, row);
 }
 
+// The backward's staged vectors, N floats each in shared memory. At N <= 64 one array, each vector at an immediate
+// offset from its base: with an array each, every token rebuilt each array's address in a chain of uniform ops
+// (~40 of the 701 instructions per thread-token at N = 64). N = 128 keeps an array each: with one base ptxas held
+// more in registers there, and G spilled 40-68 B per token at the 128-register cap.
+enum BackwardVector { kVecR, kVecW, kVecD, kVecK, kVecV, kVecA, kVecB, kVecDy, kVecDsa, kBackwardVectors };
+
+template <int N>
+__device__ __forceinline__ float (&backward_vectors())[kBackwardVectors][N] {
+  __shared__ __align__(16) float vectors[kBackwardVectors][N];
+  return vectors;
+}
+
+template <int N, BackwardVector V>
+__device__ __forceinline__ float* backward_vector() {
+  if constexpr (N <= 64) {
+    return backward_vectors<N>()[V];
+  } else {
+    __shared__ __align__(16) float vector[N];
+    return vector;
+  }
+}
+
 // The backward: per chunk of kCheckpointEvery tokens (latest first), per sub-chunk of kSubChunk tokens in it (latest
 // first: wkv7_backward_sub_chunk), recompute the chunk from its checkpoint up to the sub-chunk's end, keeping the
 // sub-chunk's states in the block's scratch, then run the sub-chunk's adjoint steps (1.5 recompute steps per token
@@ -267,7 +289,11 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
   w_t* gw = static_cast<w_t*>(p.grad_w);
   io_t *gk = static_cast<io_t*>(p.grad_k), *gv = static_cast<io_t*>(p.grad_v);
   io_t *ga = static_cast<io_t*>(p.grad_a), *gb = static_cast<io_t*>(p.grad_b);
-  __shared__ __align__(16) float r_[N], w_[N], d_[N], k_[N], v_[N], a_[N], b_[N], dy_[N], dsa_[N];
+  float *const r_ = backward_vector<N, kVecR>(), *const w_ = backward_vector<N, kVecW>();
+  float *const d_ = backward_vector<N, kVecD>(), *const k_ = backward_vector<N, kVecK>();
+  float *const v_ = backward_vector<N, kVecV>(), *const a_ = backward_vector<N, kVecA>();
+  float *const b_ = backward_vector<N, kVecB>(), *const dy_ = backward_vector<N, kVecDy>();
+  float *const dsa_ = backward_vector<N, kVecDsa>();
   constexpr int kSubChunk = wkv7_backward_sub_chunk(N);
   __shared__ __align__(16) float sa_[kSubChunk][N];
   float* states = p.scratch + t.task * (kSubChunk + 1) * kNN;  // states[l][i][j] = S_{q+sub+l-1}[i][j]
