@@ -28,9 +28,8 @@ void run_grids(const host_cuda::Wkv7Case& c, const Wkv7ForwardParams& fwd, const
     constexpr int kVS = kValueSlice<N, P>;
     host_cuda::run_grid(dim3(tasks, N / kVS), dim3(kThreads), [&] { chunked_forward_kernel<N, kVS, io_t, w_t, P>(fwd); });
     if (bwd == nullptr) return;
-    constexpr int kBackwardVS = kValueSlice<N, Precision::kFP32>;
-    host_cuda::run_grid(dim3(tasks, N / kBackwardVS), dim3(kThreads),
-                        [&] { chunked_state_cotangent_kernel<N, kBackwardVS, io_t, w_t, P>(*bwd); });
+    host_cuda::run_grid(dim3(tasks, N / kVS), dim3(kThreads),
+                        [&] { chunked_state_cotangent_kernel<N, kVS, io_t, w_t, P>(*bwd); });
     host_cuda::run_grid(dim3(unsigned(c.batch * c.chunks * c.heads)), dim3(kThreads), sizeof(GradientShared<N>),
                         [&] { chunked_gradients_kernel<N, io_t, w_t, P>(*bwd); });
   });
