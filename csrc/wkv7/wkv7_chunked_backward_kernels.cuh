@@ -135,9 +135,10 @@ __device__ __forceinline__ void cotangent_step(MmaSlice<N, VS, io_t, P>& slice, 
 template <int N, typename io_t>
 inline constexpr int kStatePassMinBlocks = N == 64 && std::is_same_v<io_t, bf16_t> ? 4 : 0;
 
-template <int N, int VS, typename io_t, typename w_t, Precision P>
+template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(kThreads, kStatePassMinBlocks<N, io_t>)
     chunked_state_cotangent_kernel(const Wkv7BackwardParams p) {
+  constexpr int VS = kValueSlice<N, P>;  // the launch's grid axis 1 holds N / VS slices
   using Slice = std::conditional_t<P == Precision::kBF16, MmaSlice<N, VS, io_t, P>, SimtSlice<N, VS, io_t, P>>;
   __shared__ Shared<N> sm;
   const int t = threadIdx.x;

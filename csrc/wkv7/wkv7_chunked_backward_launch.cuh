@@ -20,7 +20,7 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
     using w_t = decltype(w_tag);
     constexpr Precision P = decltype(mode)::value;
     constexpr int kVS = kValueSlice<N, P>;
-    chunked_state_cotangent_kernel<N, kVS, io_t, w_t, P><<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
+    chunked_state_cotangent_kernel<N, io_t, w_t, P><<<dim3(unsigned(tasks), N / kVS), kThreads, 0, stream>>>(p);
     if (windows == 0) return;
     // Set on every call, as the attribute belongs to the current device's context (a once-only flag would miss the
     // second GPU of a process); it is host work of about a microsecond.

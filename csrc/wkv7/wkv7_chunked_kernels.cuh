@@ -701,8 +701,9 @@ struct MmaSlice {
 template <int N, Precision P>
 inline constexpr int kForwardMinBlocks = N == 64 && P == Precision::kBF16 ? 4 : 0;
 
-template <int N, int VS, typename io_t, typename w_t, Precision P>
+template <int N, typename io_t, typename w_t, Precision P>
 __global__ void __launch_bounds__(kThreads, kForwardMinBlocks<N, P>) chunked_forward_kernel(const Wkv7ForwardParams p) {
+  constexpr int VS = kValueSlice<N, P>;  // the launch's grid axis 1 holds N / VS slices
   using Slice = std::conditional_t<P == Precision::kBF16, MmaSlice<N, VS, io_t, P>, SimtSlice<N, VS, io_t, P>>;
   __shared__ Shared<N> sm;
   const int t = threadIdx.x;

@@ -14,7 +14,7 @@ cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7For
   return dispatch_wkv7<W>(dtype, precision, [&](auto io_tag, auto w_tag, auto mode) {
     constexpr Precision P = decltype(mode)::value;
     constexpr int kVS = wkv7_chunked_detail::kValueSlice<N, P>;
-    wkv7_chunked_detail::chunked_forward_kernel<N, kVS, decltype(io_tag), decltype(w_tag), P>
+    wkv7_chunked_detail::chunked_forward_kernel<N, decltype(io_tag), decltype(w_tag), P>
         <<<dim3(unsigned(tasks), N / kVS), wkv7_chunked_detail::kThreads, 0, stream>>>(p);
   });
 }

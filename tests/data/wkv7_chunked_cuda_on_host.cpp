@@ -26,10 +26,10 @@ void run_grids(const host_cuda::Wkv7Case& c, const Wkv7ForwardParams& fwd, const
   host_cuda::dispatch_wkv7(c, [&]<typename io_t, typename w_t, Precision P>() {
     const unsigned tasks = unsigned(c.n_seqs * c.heads);
     constexpr int kVS = kValueSlice<N, P>;
-    host_cuda::run_grid(dim3(tasks, N / kVS), dim3(kThreads), [&] { chunked_forward_kernel<N, kVS, io_t, w_t, P>(fwd); });
+    host_cuda::run_grid(dim3(tasks, N / kVS), dim3(kThreads), [&] { chunked_forward_kernel<N, io_t, w_t, P>(fwd); });
     if (bwd == nullptr) return;
     host_cuda::run_grid(dim3(tasks, N / kVS), dim3(kThreads),
-                        [&] { chunked_state_cotangent_kernel<N, kVS, io_t, w_t, P>(*bwd); });
+                        [&] { chunked_state_cotangent_kernel<N, io_t, w_t, P>(*bwd); });
     host_cuda::run_grid(dim3(unsigned(c.batch * c.chunks * c.heads)), dim3(kThreads), sizeof(GradientShared<N>),
                         [&] { chunked_gradients_kernel<N, io_t, w_t, P>(*bwd); });
   });

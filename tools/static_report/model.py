@@ -198,7 +198,7 @@ def _wkv7_chunked(heads: int, n: int, constants: dict, low_precision: bool = Fal
     mode = "kBF16" if low_precision else "kFP32"
     return Workload(f"WKV7 chunked fwd{' (bf16 mode)' if low_precision else ''} B{b} T{t} H{heads} N{n} bf16",
                     "token-head", sequential.units, sequential.read, sequential.written, b * heads * (n // slice_rows),
-                    cuda=(f"chunked_forward_kernel<{n}, {slice_rows}, bf16_t, bf16_t, {mode}>",),
+                    cuda=(f"chunked_forward_kernel<{n}, bf16_t, bf16_t, {mode}>",),
                     cuda_threads=constants["chunked_threads"], tokens=t, chunk=CHECKPOINT_EVERY,
                     inner_trips=_masked_trips(constants, n, low_precision))
 
@@ -239,7 +239,7 @@ def _wkv7_chunked_backward(heads: int, n: int, constants: dict, low_precision: b
                          cuda_loop_trips=(0, 1, masked, n // rows, *jobs), **units)
     return [Workload(f"WKV7 chunked bwd state pass{title}", read=6 * tensor, written=cotangents + state,
                      blocks=b * heads * (n // slice_rows), cuda=(
-                         f"chunked_state_cotangent_kernel<{n}, {slice_rows}, bf16_t, bf16_t, {mode}>",),
+                         f"chunked_state_cotangent_kernel<{n}, bf16_t, bf16_t, {mode}>",),
                      cuda_threads=threads, tokens=t, chunk=CHECKPOINT_EVERY, inner_trips=masked, **units),
             gradients]
 
