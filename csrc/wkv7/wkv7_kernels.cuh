@@ -172,16 +172,28 @@ __device__ __forceinline__ float lane_step(float* row, const float* r, const flo
   return lane_sum<Lanes::kLanes>((out[0] + out[1]) + (out[2] + out[3]));
 }
 
-// Element i of one token's inputs, widened (w through the decay mode, not yet turned into a decay).
+// Element i of the inputs of one step of the recurrence, widened (w through the decay mode, not yet a decay).
+struct StepInputs {
+  float w, k, v, a, b;
+};
+
+template <Precision P, typename io_t, typename w_t>
+__device__ __forceinline__ StepInputs load_step(int64_t idx, const w_t* w, const io_t* k, const io_t* v,
+                                                const io_t* a, const io_t* b) {
+  return {load_w<P, io_t>(w, idx), wkv7::load<P>(k[idx]), wkv7::load<P>(v[idx]), wkv7::load<P>(a[idx]),
+          wkv7::load<P>(b[idx])};
+}
+
+// A step's inputs and r: what the forward stages for one token.
 struct TokenInputs {
-  float r, w, k, v, a, b;
+  float r;
+  StepInputs step;
 };
 
 template <Precision P, typename io_t, typename w_t>
 __device__ __forceinline__ TokenInputs load_token(int64_t idx, const io_t* r, const w_t* w, const io_t* k,
                                                   const io_t* v, const io_t* a, const io_t* b) {
-  return {wkv7::load<P>(r[idx]), load_w<P, io_t>(w, idx), wkv7::load<P>(k[idx]),
-          wkv7::load<P>(v[idx]), wkv7::load<P>(a[idx]), wkv7::load<P>(b[idx])};
+  return {wkv7::load<P>(r[idx]), load_step<P>(idx, w, k, v, a, b)};
 }
 
 // The forward (ForwardLanes; thread e < N loads and stages element e of the inputs, lane 0 of row i stores y_i).
@@ -222,11 +234,11 @@ __global__ void __launch_bounds__(ForwardLanes<N>::kThreads, ForwardLanes<N>::kM
     float(&cur)[kStaged][N] = stage[(q - t.start) & 1];
     if (stager) {
       cur[kR][e] = next.r;
-      cur[kD][e] = wkv7::decay_of(next.w, decay);
-      cur[kK][e] = next.k;
-      cur[kV][e] = next.v;
-      cur[kA][e] = next.a;
-      cur[kB][e] = next.b;
+      cur[kD][e] = wkv7::decay_of(next.step.w, decay);
+      cur[kK][e] = next.step.k;
+      cur[kV][e] = next.step.v;
+      cur[kA][e] = next.step.a;
+      cur[kB][e] = next.step.b;
     }
     __syncthreads();  // token q is staged, and every thread is past token q - 2, this buffer's last reader
     if (stager && q + 1 < t.end) next = load_token<P>(token + stride + e, r, w, k, v, a, b);
@@ -322,17 +334,21 @@ __global__ void __launch_bounds__(BackwardLanes<N>::kThreads, BackwardLanes<N>::
         }
         __syncthreads();  // the previous sub-chunk's readers of states and sa_ are done
         if (sub == 0) store_row<Lanes>(states, i, lane, row);
+        // Step l + 1's inputs are loaded while step l is computed, as in the forward: their latency leaves the
+        // steps' chain, which is short here (no y, no adjoint).
+        StepInputs next{};
+        if (stager) next = load_step<P>(chunk_token + e, w, k, v, a, b);
         for (int l = 0; l < sub_end; ++l) {
-          const int64_t idx = chunk_token + l * stride + e;
           __syncthreads();  // the previous token's readers are done
           if (stager) {
-            a_[e] = wkv7::load<P>(a[idx]);
-            b_[e] = wkv7::load<P>(b[idx]);
-            k_[e] = wkv7::load<P>(k[idx]);
-            v_[e] = wkv7::load<P>(v[idx]);
-            d_[e] = wkv7::decay_of(load_w<P, io_t>(w, idx), decay);
+            a_[e] = next.a;
+            b_[e] = next.b;
+            k_[e] = next.k;
+            v_[e] = next.v;
+            d_[e] = wkv7::decay_of(next.w, decay);
           }
           __syncthreads();
+          if (stager && l + 1 < sub_end) next = load_step<P>(chunk_token + (l + 1) * stride + e, w, k, v, a, b);
           const float sa = row_dot<Lanes>(row, a_, lane);
           lane_update<Lanes>(row, d_, k_, b_, sa, v_[i], lane);
           if (lane == 0 && l >= sub) sa_[l - sub][i] = sa;
