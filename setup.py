@@ -99,8 +99,9 @@ def _cpu_arch_flags():
 
 defines = _precision_defines()
 # No -ffast-math / --use_fast_math anywhere: the point of the package is precision (TE does the same). Contraction of
-# a*b+c into an fma is off (ISO C++ already implies it; stated so that -march cannot change results): the shared math
-# writes its fmas explicitly. -fopenmp also enables the `#pragma omp simd` loops of the CPU twins. -fno-trapping-math
+# a*b+c into an fma is off on both compilers (g++ -ffp-contract=off: ISO C++ already implies it, stated so that -march
+# cannot change results; nvcc --fmad=false: nvcc fuses by default, which made the CUDA twin differ from the CPU twin
+# and from HF's eager fp32 arithmetic): the shared math writes its fmas explicitly. -fopenmp also enables the `#pragma omp simd` loops of the CPU twins. -fno-trapping-math
 # changes no value (the floating-point exception flags are never read): without it GCC keeps the selects of exp_poly
 # (ropewkv/decay.h) as branches, so no loop that calls it vectorises (-fopt-info-vec: "control flow in loop").
 cxx_flags = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math", *defines]
@@ -125,7 +126,7 @@ if _cuda_wanted():
             include_dirs=[INCLUDE],
             extra_compile_args={
                 "cxx": cxx_flags,
-                "nvcc": ["-O3", "--expt-relaxed-constexpr", "-lineinfo", *defines],
+                "nvcc": ["-O3", "--fmad=false", "--expt-relaxed-constexpr", "-lineinfo", *defines],
             },
         )
     )

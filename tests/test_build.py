@@ -1,5 +1,7 @@
 """The build: extensions import, ops are registered, conversions are exact, backends resolve or explain."""
 import os
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -110,3 +112,37 @@ def test_host_sincos_is_faithful():
     assert float(ulp_errors(sin, torch.sin(r.double())).max()) <= 1.0
     assert float(ulp_errors(cos, torch.cos(r.double())).max()) <= 1.0
     assert torch.ops.ropewkv._host_sincos(torch.tensor([float("nan")])).isnan().all()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The rotations that are plain products and a sum: HF's eager fp32 arithmetic (RoPE precision="bf16" at fp32 I/O) and
+# qk_norm_rope's fp32 rotation.
+_CONTRACTION_PROBE = r"""
+#include "ropewkv/qk_norm_rope.h"
+#include "ropewkv/rope.h"
+__global__ void probe(const float* x, float* out) {
+  ropewkv::rope::rotate_values<ropewkv::Rounded<float>>(x[0], x[1], x[2], x[3], x[4], x[5], &out[0], &out[1]);
+  ropewkv::qk_norm_rope::rotate_values<float>(x[0], x[1], x[2], x[3], x[4], x[5], &out[2], &out[3]);
+}
+"""
+
+
+def _probe_ptx(tmp_path, nvcc, flags):
+    source, ptx = tmp_path / "probe.cu", tmp_path / "probe.ptx"
+    source.write_text(_CONTRACTION_PROBE)
+    subprocess.run([nvcc, "-std=c++20", "-O3", *flags, "--expt-relaxed-constexpr", "-Icsrc/include",
+                    "-arch=sm_90a", "-ptx", str(source), "-o", str(ptx)], cwd=ROOT, check=True)
+    return ptx.read_text()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: the CUDA build's flags are not checked")
+def test_nvcc_fuses_no_multiply_add(tmp_path):
+    """nvcc fuses a*b + c*d into a multiply and an fma by default: the CUDA twin then differed from HF's eager fp32
+    rotation and from the CPU twin (g++ -ffp-contract=off) in the last bit of ~25% of pairs. Every nvcc command of
+    the build, the compile check and the static report passes --fmad=false (explicit fmaf calls still fuse)."""
+    nvcc = shutil.which("nvcc")
+    assert "fma.rn.f32" in _probe_ptx(tmp_path, nvcc, [])  # the probe sees a contraction where there is one
+    assert "fma.rn.f32" not in _probe_ptx(tmp_path, nvcc, ["--fmad=false"])
+    for path in ("setup.py", "tools/check_cuda_compile.sh", "tools/static_report/cuda.py"):
+        with open(os.path.join(ROOT, path)) as f:
+            assert "--fmad=false" in f.read(), path

@@ -16,7 +16,7 @@ trap 'rm -rf "$out"' EXIT
 compile() {  # $1 = .cu file, $2 = extra define or empty
   local obj
   obj="$out/$(echo "$1$2" | tr '/ =-' '____').o"
-  if ! "$nvcc" -c -std=c++20 -O3 --expt-relaxed-constexpr -I csrc/include $2 \
+  if ! "$nvcc" -c -std=c++20 -O3 --fmad=false --expt-relaxed-constexpr -I csrc/include $2 \
       -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a "$1" -o "$obj" 2>"$obj.log"; then
     echo "cuda-check: FAILED $1 $2"
     cat "$obj.log"

@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 
 # As setup.py builds the extension (and tools/check_cuda_compile.sh checks it), for sm_90a only.
-NVCC_FLAGS = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "-lineinfo", "-Icsrc/include",
+NVCC_FLAGS = ["-std=c++20", "-O3", "--fmad=false", "--expt-relaxed-constexpr", "-lineinfo", "-Icsrc/include",
               "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-Xptxas", "-v"]
 _ENUM = re.compile(r"enum\s+class\s+(\w+)\s*(?::\s*\w+\s*)?\{([^}]*)\}")
 _ENUM_CAST = re.compile(r"\((?:\w+::)*(\w+)\)(-?\d+)")
