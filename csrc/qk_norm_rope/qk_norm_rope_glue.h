@@ -92,12 +92,14 @@ inline void set_grads(Params& p, const at::Tensor& grad_q, const OptTensor& grad
   TORCH_CHECK_VALUE(grad_q.sizes() == q.sizes(), "grad_q has shape ", grad_q.sizes(), " but q has ", q.sizes());
   TORCH_CHECK_VALUE(grad_k.has_value() == k.has_value(), "grad_k must be given exactly when k is");
   rope::check_bshd(grad_q, "grad_q");
+  check_same_device(grad_q, q, "grad_q", "q");
   p.grad_q = grad_q.const_data_ptr();
   for (int i = 0; i < 3; ++i) p.gq_stride[i] = grad_q.stride(i);
   if (grad_k.has_value()) {
     TORCH_CHECK_VALUE(grad_k->sizes() == k->sizes(), "grad_k has shape ", grad_k->sizes(), " but k has ",
                       k->sizes());
     rope::check_bshd(*grad_k, "grad_k");
+    check_same_device(*grad_k, q, "grad_k", "q");
     p.grad_k = grad_k->const_data_ptr();
     for (int i = 0; i < 3; ++i) p.gk_stride[i] = grad_k->stride(i);
   }

@@ -32,10 +32,16 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
   return dispatched != cudaSuccess ? dispatched : status;
 }
 
+template <int N>
+int wkv7_chunked_backward_shared_bytes() {
+  return int(sizeof(wkv7_chunked_detail::GradientShared<N>));
+}
+
 #define ROPEWKV_WKV7_CHUNKED_BACKWARD_INSTANTIATE(N)                                                                \
   template cudaError_t wkv7_chunked_backward<N, DecayStorage::kIO>(DType, Precision, const Wkv7BackwardParams&,      \
                                                                     cudaStream_t);                                   \
   template cudaError_t wkv7_chunked_backward<N, DecayStorage::kFloat32>(DType, Precision, const Wkv7BackwardParams&, \
-                                                                         cudaStream_t);
+                                                                         cudaStream_t);                              \
+  template int wkv7_chunked_backward_shared_bytes<N>();
 
 }  // namespace ropewkv::cuda

@@ -110,6 +110,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_cuda(
   return {y, final_state, ckpt};
 }
 
+// The chunked backward's gradients kernel takes `bytes` of shared memory per block: a clear error where the current
+// GPU allows less (sm_86/89/120 at head size 128), not the launch's "invalid argument".
+void check_shared_memory_fits(int bytes, int head_size) {
+  int device = 0, limit = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TORCH_CHECK_NOT_IMPLEMENTED(bytes <= limit, "wkv7 algorithm=\"chunked\": its backward at head size ", head_size,
+                              " needs ", bytes, " bytes of shared memory per block, and this GPU allows ", limit,
+                              ": use algorithm=\"sequential\" (what \"auto\" runs on CUDA)");
+}
+
 // The backward of either algorithm: CHUNKED picks cuda::wkv7_chunked_backward (the chunked forward's checkpoints;
 // its scratch holds the state cotangent before each chunk, shaped as the checkpoints) over cuda::wkv7_backward.
 template <bool CHUNKED>
@@ -159,7 +170,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     constexpr int kN = decltype(n)::value;
     constexpr wkv7::DecayStorage kW = decltype(storage)::value;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    if constexpr (CHUNKED) return cuda::wkv7_chunked_backward<kN, kW>(dtype, precision_from(precision), params, stream);
+    if constexpr (CHUNKED) {
+      check_shared_memory_fits(cuda::wkv7_chunked_backward_shared_bytes<kN>(), kN);
+      return cuda::wkv7_chunked_backward<kN, kW>(dtype, precision_from(precision), params, stream);
+    }
     return cuda::wkv7_backward<kN, kW>(dtype, precision_from(precision), params, stream);
   }));
   return {grads[0], grads[1], grads[2], grads[3], grads[4], grads[5], grad_s0};

@@ -91,6 +91,11 @@ cudaError_t wkv7_chunked_forward(DType dtype, Precision precision, const Wkv7For
 template <int N, wkv7::DecayStorage W>
 cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7BackwardParams& p, cudaStream_t stream);
 
+// The dynamic shared memory per block of the chunked backward's gradients kernel at head size N, in bytes: 109,632 at
+// N = 128, over the 101,376 that sm_86/89/120 GPUs allow (the glue says so instead of launching).
+template <int N>
+int wkv7_chunked_backward_shared_bytes();
+
 // The chunked backward's scratch: the state cotangent before every chunk, shaped as the checkpoints.
 inline int64_t wkv7_chunked_backward_scratch_elems(int64_t batch, int64_t chunks, int64_t heads, int64_t head_size) {
   return batch * chunks * heads * head_size * head_size;
@@ -108,7 +113,8 @@ inline int64_t wkv7_chunked_backward_scratch_elems(int64_t batch, int64_t chunks
                                                                                  cudaStream_t);                  \
   extern template cudaError_t wkv7_chunked_backward<N, wkv7::DecayStorage::kFloat32>(DType, Precision,          \
                                                                                       const Wkv7BackwardParams&, \
-                                                                                      cudaStream_t);
+                                                                                      cudaStream_t);             \
+  extern template int wkv7_chunked_backward_shared_bytes<N>();
 ROPEWKV_WKV7_CHUNKED_DECLARE(32)
 ROPEWKV_WKV7_CHUNKED_DECLARE(64)
 ROPEWKV_WKV7_CHUNKED_DECLARE(128)
