@@ -50,6 +50,12 @@ def _rope(dev, backend, **changes):
     return lambda: rope(q, k, **kwargs)
 
 
+def _rope_inplace_aliased(dev, backend, k_of_q):
+    """rope in place with k a view of q's memory."""
+    q = _t(2, 4, 2, 8, dev=dev)
+    return _rope(dev, backend, q=q, k=k_of_q(q), inplace=True)
+
+
 def _rope_thd(dev, backend, **changes):
     q = rope_input(1, 6, 2, 8, torch.float32, layout="thd", generator=seeded(0), device=dev)
     kwargs = dict(inv_freq=rope_inv_freq(8, device=dev), layout="thd", backend=backend,
@@ -131,6 +137,14 @@ CASES = [
      "seqlen_offsets must be an int or a \\[2\\] tensor", None),
     ("rope-inplace-strided", lambda d, b: _rope(d, b, q=_t(2, 4, 2, 16, dev=d)[..., ::2], k=None, inplace=True),
      ValueError, "inplace=True needs q", None),
+    ("rope-inplace-expanded-k", lambda d, b: _rope(d, b, k=_t(2, 4, 1, 8, dev=d).expand(2, 4, 3, 8), inplace=True),
+     ValueError, "inplace=True needs k whose elements do not share memory", None),
+    ("rope-inplace-k-is-q", lambda d, b: _rope_inplace_aliased(d, b, lambda q: q), ValueError,
+     "inplace=True needs q and k in separate memory", None),
+    ("rope-inplace-k-a-head-of-q", lambda d, b: _rope_inplace_aliased(d, b, lambda q: q[:, :, 1:]), ValueError,
+     "inplace=True needs q and k in separate memory", None),
+    ("rope-inv-freq-requires-grad", lambda d, b: _rope(d, b, inv_freq=rope_inv_freq(8, device=d).requires_grad_()),
+     NotImplementedError, "inv_freq gets no gradient", None),
     ("rope-cu-not-thd", lambda d, b: _rope(d, b, cu_seqlens=_idx([0, 4], d)), ValueError,
      "cu_seqlens needs layout='thd'", None),
     ("rope-cu-decreasing", lambda d, b: _rope_thd(d, b, cu_seqlens=_idx([0, 4, 2, 6], d)), ValueError,
@@ -156,6 +170,8 @@ CASES = [
     ("hf-cos-too-wide", lambda d, b: _hf(d, b, cos=_t(2, 4, 10, dev=d), sin=_t(2, 4, 10, dev=d)), ValueError,
      "<= head_dim 8", None),
     ("hf-q-rank", lambda d, b: _hf(d, b, q=_t(2, 4, 8, dev=d)), ValueError, "q and k must be 4-D", None),
+    ("hf-k-head-dim", lambda d, b: _hf(d, b, k=_t(2, 1, 4, 16, dev=d)), ValueError,
+     "k's head_dim 16 must equal q's 8", None),
     ("hf-no-broadcast", lambda d, b: _hf(d, b, cos=_t(2, 5, 8, dev=d), sin=_t(2, 5, 8, dev=d)), ValueError,
      "do not broadcast to q", None),
     ("hf-unsqueeze-dim", lambda d, b: _hf(d, b, unsqueeze_dim=3), ValueError, "unsqueeze_dim=3", None),

@@ -160,6 +160,51 @@ def test_vllm_fused_qk_norm_rope(device):
         assert torch.equal(out[:, hq + hk :], qkv.unflatten(-1, (-1, d))[:, hq + hk :])
 
 
+def test_in_place_entry_points_bump_version_counters(device):
+    """The in-place entry points overwrite query/key: a copy that autograd saved must then fail the backward's check
+    instead of being used silently."""
+    head_size = 8
+    cache, inv_freq = (t.to(device) for t in vllm_cache(head_size, 8))
+    positions, ones = torch.arange(3, device=device), torch.ones(head_size, device=device)
+    calls = {  # x: [3 tokens, 2 heads * head_size]
+        "rotary_embedding": lambda x, b: vllm.rotary_embedding(positions, x, None, head_size, cache, True, backend=b),
+        "rotary_embedding_inv_freq": lambda x, b: vllm.rotary_embedding_inv_freq(positions, x, None, head_size,
+                                                                                 inv_freq, True, backend=b),
+        "fused_qk_norm_rope": lambda x, b: vllm.fused_qk_norm_rope(x, 1, 1, 0, head_size, 1e-6, ones, ones, cache,
+                                                                   True, positions, backend=b),
+        "apply_rope_with_cos_sin_cache_inplace": lambda x, b: flashinfer.apply_rope_with_cos_sin_cache_inplace(
+            positions, x, None, head_size, cache, backend=b),
+    }
+    for backend in kernel_backends(device):
+        for name, call in calls.items():
+            w = torch.randn(3, 2 * head_size, device=device, requires_grad=True)
+            x = torch.randn(3, 2 * head_size, device=device)
+            y = x * w  # saves x for w's gradient
+            with torch.no_grad():
+                call(x, backend)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.sum().backward()
+
+
+def test_vllm_rotary_embedding_compiles_fullgraph(device):
+    """vLLM compiles its models with this in-place op: the positions' host check (data-dependent) is skipped under
+    torch.compile, where the kernels clamp them into the cache."""
+    head_size = 16
+    cache, _ = vllm_cache(head_size, 8)
+    positions = torch.tensor([0, 7, 3], device=device)
+    qkv = torch.randn(3, 3 * head_size, generator=seeded(6)).to(device)
+    for backend in kernel_backends(device):
+        def f(buf):
+            vllm.rotary_embedding(positions, buf[:, :head_size], buf[:, head_size:2 * head_size], head_size,
+                                  cache.to(device), True, backend=backend)
+
+        want, got = qkv.clone(), qkv.clone()
+        f(want)
+        torch._dynamo.reset()
+        torch.compile(f, fullgraph=True, backend="aot_eager")(got)
+        assert torch.equal(got, want), backend
+
+
 def flashinfer_freq(rot, rope_scale, rope_theta):
     """pos_enc.cuh: freq[i] = rope_rcp_scale * rope_rcp_theta^(2i / rotary_dim), in fp64 here."""
     return (1.0 / rope_scale) * (1.0 / rope_theta) ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)

@@ -92,6 +92,27 @@ def test_non_contiguous_and_empty(device):
         assert empty.shape == (0, 3) and empty.dtype == torch.float32
 
 
+def test_fakes_match_for_a_non_contiguous_input(device):
+    """The twins return contiguous outputs whatever x's strides, and so must their fakes: inductor checks the strides
+    (the compiled backward of a transposed x failed)."""
+    x = decay_parity.decay_input(17, torch.float32, seeded(16), device)[:24].view(4, 6).t()
+    for backend in kernel_backends(device):
+        suffix = "_triton" if backend == "triton" else ""
+        for name, args in (("log_decay", (x,)), ("log_decay_backward", (torch.randn(x.shape, device=device), x))):
+            torch.library.opcheck(getattr(torch.ops.ropewkv, name + suffix).default, args,
+                                  test_utils=("test_faketensor",))
+    base = x.t().contiguous().requires_grad_()
+    weights = torch.arange(24.0, device=device).view(6, 4)
+
+    def f(b):
+        return (ropewkv.rwkv7_log_decay(b.t()) * weights).sum()
+
+    want = torch.autograd.grad(f(base), base)[0]
+    with torch._inductor.utils.fresh_inductor_cache():  # a cached graph would keep the old fake's strides
+        got = torch.autograd.grad(torch.compile(f, fullgraph=True)(base), base)[0]
+    assert torch.equal(got, want)
+
+
 def test_bad_input_is_named(device):
     with pytest.raises(TypeError, match="x must have dtype"):
         ropewkv.rwkv7_log_decay(torch.ones(3, dtype=torch.int32))

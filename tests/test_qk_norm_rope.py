@@ -171,6 +171,60 @@ def test_inplace(device):
         qk_norm_rope(qkv.clone().requires_grad_(), None, w[0], None, inv_freq=inv, inplace=True)
 
 
+def test_inplace_rejects_shared_memory(device):
+    """In place, each element is rotated once: an expanded k, or q and k sharing memory, is refused before any
+    kernel (the kernels would rotate such elements twice)."""
+    w, inv = torch.ones(8, device=device), rope_inv_freq(8, device=device)
+    q = torch.randn(1, 3, 2, 8, device=device)
+    cases = [(torch.randn(1, 3, 1, 8, device=device).expand(1, 3, 2, 8), "needs k whose elements do not share memory"),
+             (q, "needs q and k in separate memory"), (q[:, :, 1:], "needs q and k in separate memory")]
+    for backend in kernel_backends(device):
+        for k, match in cases:
+            with KernelCalls() as mode, pytest.raises(ValueError, match=match):
+                qk_norm_rope(q, k, w, w, inv_freq=inv, inplace=True, backend=backend)
+            assert mode.calls == [], backend
+
+
+def test_inplace_bumps_version_counters(device):
+    """A tensor that autograd saved and qk_norm_rope then overwrote in place fails the backward's check instead of
+    being used silently (the C++ op's mutation bumps no version counter by itself)."""
+    inv = rope_inv_freq(8, device=device)
+    for backend in kernel_backends(device):
+        w = torch.randn(1, 3, 2, 8, device=device, requires_grad=True)
+        q = torch.randn(1, 3, 2, 8, device=device)
+        y = q * w  # saves q for w's gradient
+        with torch.no_grad():
+            qk_norm_rope(q, None, torch.ones(8, device=device), None, inv_freq=inv, inplace=True, backend=backend)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def test_backward_without_weights(device):
+    """Plain RoPE through qk_norm_rope (no weights, as the serving compat layer calls it) backpropagates on every
+    twin, and the absent weight gradients are what the C++ op returns (empty, compute dtype), in the fake and Triton
+    ops too."""
+    gen = seeded(11)
+    q = rope_input(2, 3, 4, 8, torch.float32, "bshd", gen, device).requires_grad_()
+    k = rope_input(2, 3, 2, 8, torch.float32, "bshd", gen, device).requires_grad_()
+    inv = rope_inv_freq(8, device=device)
+    cot = [torch.randn(t.shape, generator=gen).to(device) for t in (q, k)]
+    x64 = [t.detach().cpu().double().requires_grad_() for t in (q, k)]
+    positions = torch.arange(3).expand(2, 3)
+    want = torch.autograd.grad([rope_reference.rope(x, inv.cpu(), positions) for x in x64], x64,
+                               [c.cpu().double() for c in cot])
+    for backend in kernel_backends(device):
+        with poisoned_outputs():
+            got = torch.autograd.grad(qk_norm_rope(q, k, inv_freq=inv, backend=backend), (q, k), cot)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu().double(), w, rtol=0, atol=1e-6, msg=backend)
+        op = getattr(torch.ops.ropewkv, "qk_norm_rope_backward" + ("_triton" if backend == "triton" else ""))
+        x = torch.randn(2, 3, 2, 8, dtype=torch.bfloat16, device=device)
+        for q_weight, kx in ((None, x[:, :, :1].clone()), (torch.ones(8, device=device), None)):  # no norm; q's only
+            args = (torch.randn_like(x), None if kx is None else torch.randn_like(kx), x, kx, q_weight, None, EPS, 0.0,
+                    inv, None, None, None, None, None, None, 8, False, 1.0, 0)
+            torch.library.opcheck(op.default, args, test_utils=("test_faketensor",))
+
+
 @pytest.mark.parametrize("source", ["angle", "table", "cache"])
 def test_gradcheck_fp64_cpu_twin(source):
     gen = seeded(7)
@@ -236,6 +290,32 @@ def test_compiles_fullgraph(device):
         assert all(torch.equal(a, b) for a, b in zip(got, want)), backend
 
 
+def test_compiles_fullgraph_with_cache_positions(device):
+    """Under torch.compile the host check of the positions (data-dependent) is skipped and the kernels clamp them
+    into the cache, as they do on CUDA: no read outside it."""
+    q = rope_input(1, 3, 2, 8, torch.float32, "bshd", seeded(10), device)
+    cache = reference.cos_sin_cache(rope_inv_freq(8), 4).to(device)
+    for backend in kernel_backends(device):
+        def f(positions):
+            return qk_norm_rope(q, cos_sin_cache=cache, positions=positions, backend=backend)
+
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(torch.tensor([[0, 9, -5]], device=device))
+        assert torch.equal(got, f(torch.tensor([[0, 3, 0]], device=device))), backend
+
+
+def test_reference_keeps_fp64_tables():
+    """backend="reference" computes fp64 input in fp64: fp64 cos/sin tables and caches are not rounded to fp32."""
+    gen = seeded(12)
+    q = torch.randn(1, 5, 2, 8, dtype=torch.float64, generator=gen)
+    angle = torch.rand(1, 5, 4, dtype=torch.float64, generator=gen) * 100
+    cos, sin = torch.cat((angle.cos(),) * 2, -1), torch.cat((angle.sin(),) * 2, -1)
+    want = qt.oracle(q, None, EPS, cos, sin)
+    cache = torch.cat((angle[0].cos(), angle[0].sin()), -1)  # row p: the cos half, then the sin half
+    for kwargs in (dict(cos=cos, sin=sin), dict(cos_sin_cache=cache, positions=torch.arange(5))):
+        torch.testing.assert_close(qk_norm_rope(q, backend="reference", **kwargs), want, rtol=0, atol=1e-14)
+
+
 def test_cache_positions_out_of_range():
     """Checked on the CPU with a clear error; below the Python check the C++ kernel clamps (never reads outside)."""
     q = torch.randn(1, 3, 2, 8)
@@ -270,6 +350,9 @@ BAD = [
     ("eps", dict(eps=-1.0), ValueError, "eps must be a float >= 0"),
     ("offset", dict(weight_offset="1"), TypeError, "weight_offset must be a float"),
     ("cos-alone", dict(inv_freq=None, cos=torch.ones(2, 4, 8)), ValueError, "cos and sin must be given together"),
+    ("sin-alone", dict(inv_freq=None, sin=torch.ones(2, 4, 8)), ValueError, "cos and sin must be given together"),
+    ("inv-freq-requires-grad", dict(inv_freq=rope_inv_freq(8).requires_grad_()), NotImplementedError,
+     "inv_freq gets no gradient"),
     ("cos-shape", dict(inv_freq=None, cos=torch.ones(3, 4, 8), sin=torch.ones(3, 4, 8)), ValueError,
      "cos of shape .* does not broadcast"),
     ("cos-int", dict(inv_freq=None, cos=torch.ones(2, 4, 8).long(), sin=torch.ones(2, 4, 8).long()), TypeError,

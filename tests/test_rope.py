@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import ropewkv.nn
+from ropewkv.ops.qk_norm_rope import qk_norm_rope
 from ropewkv.ops.rope import apply_rotary_pos_emb, rope
 from ropewkv.reference import rope as reference
 from ropewkv.testing import assert_within, poisoned_outputs, seeded
@@ -238,6 +239,54 @@ def test_bad_input_is_named():
         apply_rotary_pos_emb(q, q, cos.long(), cos.long())
 
 
+def test_triton_launch_checks_k_against_q(device):
+    """The Triton twin sizes k from q: its ops reject another k, as the C++ glue does (set_io), before any launch."""
+    if "triton" not in kernel_backends(device):
+        pytest.skip("no Triton twin on this device")
+    q, k = torch.randn(1, 3, 2, 8, device=device), torch.randn(1, 3, 1, 16, device=device)
+    inv, table = rp.rope_inv_freq(8, device=device), torch.ones(1, 3, 8, device=device)
+    ops = torch.ops.ropewkv
+    calls = [lambda: ops.rope_triton(q, k, inv, None, None, None, False, False, 1.0, 0, None, False),
+             lambda: ops.rope_cos_sin_triton(q, k, table, table, False, False, 0),
+             lambda: ops.qk_norm_rope_triton(q, k, None, None, 1e-6, 0.0, inv, None, None, None, None, None, None, 8,
+                                             False, 1.0, 0)]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"k must be \[batch, seq, kv_heads, head_dim\] matching q"):
+            call()
+
+
+def test_learnable_inv_freq(device):
+    """The kernels do not differentiate inv_freq: one that requires grad is refused (it would silently get no
+    gradient); the reference differentiates it."""
+    q = torch.randn(1, 3, 2, 8, device=device, requires_grad=True)
+    positions = torch.tensor([[10, 11, 12]], device=device)
+    inv = rp.rope_inv_freq(8, device=device).requires_grad_()
+    for backend in kernel_backends(device):
+        rope(q, inv_freq=inv.detach(), backend=backend)  # the decode fast path has accepted the backend
+        for call in (lambda: rope(q, inv_freq=inv, backend=backend),
+                     lambda: rope(q, inv_freq=inv, positions=positions, backend=backend),
+                     lambda: qk_norm_rope(q, inv_freq=inv, positions=positions, backend=backend)):
+            with pytest.raises(NotImplementedError, match="inv_freq gets no gradient"):
+                call()
+        with torch.no_grad():
+            assert torch.equal(rope(q, inv_freq=inv, backend=backend), rope(q, inv_freq=inv.detach(), backend=backend))
+    got = torch.autograd.grad(rope(q, inv_freq=inv, positions=positions, backend="reference").sum(), inv)[0]
+    inv64 = inv.detach().cpu().double().requires_grad_()
+    want = torch.autograd.grad(reference.rope(q.detach().cpu().double(), inv64, positions.cpu()).sum(), inv64)[0]
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_reference_keeps_fp64_tables():
+    """backend="reference" computes fp64 input in fp64: fp64 cos/sin are not rounded to fp32 on the way."""
+    gen = seeded(18)
+    q, k = (torch.randn(1, 2, 5, 8, dtype=torch.float64, generator=gen) for _ in range(2))
+    angle = torch.rand(1, 5, 4, dtype=torch.float64, generator=gen) * 100
+    cos, sin = torch.cat((angle.cos(),) * 2, -1), torch.cat((angle.sin(),) * 2, -1)
+    got = apply_rotary_pos_emb(q, k, cos, sin, backend="reference")
+    for out, want in zip(got, reference.hf_apply_rotary_pos_emb(q, k, cos, sin)):
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-14)
+
+
 def test_hf_apply_rotary_pos_emb_bit_exact_and_precise(device):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf
 
@@ -284,6 +333,23 @@ def test_torch_compile_fullgraph(device):
     compiled(q, k).backward()
     expected = torch.autograd.grad(f(q, k), (q, k))
     assert torch.equal(q.grad, expected[0]) and torch.equal(k.grad, expected[1])
+
+
+def test_torch_compile_fullgraph_index_tensors(device):
+    """positions, a seqlen_offsets tensor and cu_seqlens trace: their values are checked on the host in eager mode
+    only (a data-dependent check cannot be traced; no kernel indexes memory with them unchecked)."""
+    q = rp.rope_input(2, 3, 2, 8, torch.float32, "bshd", seeded(17), device)
+    inv = rp.rope_inv_freq(8, device=device)
+    positions = torch.tensor([[5, 6, 7], [0, 90, 3]], device=device)
+    offsets, cu = torch.tensor([1, 2], device=device), torch.tensor([0, 2, 6], device=device)
+    for backend in kernel_backends(device):
+        def f(x):
+            a = rope(x, inv_freq=inv, positions=positions, seqlen_offsets=offsets, backend=backend)
+            return a, rope(x.view(6, 2, 8), inv_freq=inv, layout="thd", cu_seqlens=cu, backend=backend)
+
+        torch._dynamo.reset()
+        got, want = torch.compile(f, fullgraph=True, backend="aot_eager")(q), f(q)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), backend
 
 
 def test_int64_indexing_cpu_twin():

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRETING
-from .rope import HEAD_BLOCK_ELEMENTS, _round_to, _strides, _token_cos_sin, _token_position
+from .rope import HEAD_BLOCK_ELEMENTS, _round_to, _strides, _token_cos_sin, _token_position, check_k
 
 CHUNK_TOKENS = 16  # = qk_norm_rope::kChunkTokens
 SOURCE_ANGLE, SOURCE_TABLE, SOURCE_CACHE = 0, 1, 2
@@ -246,6 +246,7 @@ def _common(q, k, q_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets
             interleaved, attention_scaling, eps, weight_offset):
     """(positional args shared by both kernels after the tensors of q/k, their keyword constexprs), or None when there
     is nothing to do."""
+    check_k(q, k)
     batch, seqlen, n_qheads, head_dim = q.shape
     n_kheads = k.shape[2] if k is not None else 0
     if batch * seqlen == 0 or (n_qheads == 0 and n_kheads == 0) or head_dim == 0:

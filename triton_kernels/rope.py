@@ -268,11 +268,18 @@ def _strides(x, n):
     return tuple(x.stride(d) for d in range(n)) if x is not None else (0,) * n
 
 
+def check_k(q, k) -> None:
+    """k's shape against q's (the kernels size k from q's), as the C++ glue's set_io checks it."""
+    if k is not None and (k.dim() != 4 or (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3])):
+        raise ValueError(f"k must be [batch, seq, kv_heads, head_dim] matching q {list(q.shape)}, got {list(k.shape)}")
+
+
 def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, low_precision, *, inv_freq=None,
                       positions=None, seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None, attention_scaling=1.0,
                       mrope_section=None, mrope_interleaved=False):
     """(grid, positional args, keyword args: constexprs and compile options) of one _rope_kernel launch; None when
     there is nothing to do."""
+    check_k(q, k)
     batch, seqlen, n_qheads, head_dim = q.shape
     n_kheads = k.shape[2] if k is not None else 0
     if batch * seqlen == 0 or (n_qheads == 0 and n_kheads == 0):

@@ -12,8 +12,8 @@ vLLM's conventions, kept exactly:
     the cache to the model dtype: with a bf16 cache the angle's cos/sin carry bf16 rounding, ~2^-9 relative).
     `rotary_embedding_inv_freq` drops the cache and computes cos/sin of position * inv_freq in the kernel with an exact
     fp32 angle reduction: that is the precision loss of the bf16 cache, fixed.
-Positions outside [0, max_position) raise ValueError on CPU tensors; on CUDA (no host sync) the kernels clamp them
-into the cache, so no position reads outside it.
+Positions outside [0, max_position) raise ValueError on CPU tensors in eager mode; on CUDA (no host sync) and under
+torch.compile the kernels clamp them into the cache, so no position reads outside it.
 """
 from __future__ import annotations
 

@@ -75,10 +75,10 @@ def _backward_triton(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor], q: to
     dwq, dwk = kernels.backward(grad_q, grad_k, q, k, dq, dk, q_weight, k_weight, eps, weight_offset, inv_freq, cos,
                                 sin, cos_sin_cache, positions, seqlen_offsets, cu_seqlens, rotary_dim, interleaved,
                                 attention_scaling)
-    empty = q.new_empty(0)
-    return [dq, dk if dk is not None else q.new_empty(0),
-            dwq if dwq is not None else empty.to(q_weight.dtype if q_weight is not None else q.dtype),
-            dwk if dwk is not None else empty.to(k_weight.dtype if k_weight is not None else q.dtype)]
+    compute = _backend.compute_dtype(q.dtype)
+    # What the C++ op returns; a custom op's outputs may not alias one another, so each absent one is its own tensor.
+    return [dq, dk if dk is not None else q.new_empty(0), dwq if dwq is not None else q.new_empty(0, dtype=compute),
+            dwk if dwk is not None else q.new_empty(0, dtype=compute)]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -86,8 +86,8 @@ def _backward_triton(grad_q: torch.Tensor, grad_k: Optional[torch.Tensor], q: to
 
 
 def _fake_backward(grad_q, grad_k, q, k, q_weight, k_weight, *args):
-    def weight_grad(w):
-        return torch.empty_like(w) if w is not None else q.new_empty(0)
+    def weight_grad(w):  # [D], or empty without the weight: in the compute dtype either way
+        return q.new_empty(w.shape if w is not None else (0,), dtype=_backend.compute_dtype(q.dtype))
 
     return [torch.empty_like(q), torch.empty_like(k) if k is not None else q.new_empty(0), weight_grad(q_weight),
             weight_grad(k_weight)]
@@ -161,7 +161,7 @@ def _table(t, name: str, target: tuple, resolved: str, q: torch.Tensor) -> torch
         view = t.expand(target)
     except RuntimeError:
         raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to {target}") from None
-    if resolved != "cpu" and view.dtype == torch.float64:  # only the CPU twin reads fp64 tables
+    if resolved not in ("cpu", "reference") and view.dtype == torch.float64:  # the CUDA and Triton twins read fp32
         view = view.to(torch.float32)
     return view
 
@@ -177,12 +177,12 @@ def _cache(cache, positions, q: torch.Tensor, resolved: str) -> torch.Tensor:
     _checks.check_same_device("q", q, cos_sin_cache=cache)
     if positions is None:
         raise ValueError("cos_sin_cache needs positions (the cache row of each token)")
-    if positions.device.type == "cpu" and positions.numel():  # on CUDA the kernels clamp instead (no sync)
+    if rope_ops._checks_values(positions) and positions.numel():  # elsewhere the kernels clamp instead
         low, high = int(positions.min()), int(positions.max())
         if low < 0 or high >= cache.shape[0]:
             raise ValueError(f"positions must lie in [0, {cache.shape[0]}) (the cos_sin_cache rows), got "
                              f"[{low}, {high}]")
-    if resolved != "cpu" and cache.dtype == torch.float64:
+    if resolved not in ("cpu", "reference") and cache.dtype == torch.float64:
         cache = cache.to(torch.float32)
     return cache if cache.stride(1) == 1 else cache.contiguous()
 
@@ -194,6 +194,8 @@ def _normalise(q, k, q_weight, k_weight, eps, weight_offset, inv_freq, cos, sin,
                                     ("cos_sin_cache", cos_sin_cache)) if t is not None]
     if len(sources) != 1:
         raise ValueError(f"give exactly one cos/sin source (inv_freq, cos and sin, or cos_sin_cache), got {sources}")
+    if (cos is None) != (sin is None):
+        raise ValueError("cos and sin must be given together")
     _checks.check_tensor(q, "q")
     if inv_freq is None:  # q, k, positions and offsets are checked by RoPE's normalisation, which reads inv_freq
         table = cos if cos is not None else cos_sin_cache
@@ -221,12 +223,10 @@ def _normalise(q, k, q_weight, k_weight, eps, weight_offset, inv_freq, cos, sin,
     tables = [None, None, None]
     if inv_freq is None and attention_scaling != 1.0:
         raise ValueError("attention_scaling applies to the inv_freq source only (scale the cos/sin tables instead)")
-    if cos is not None or sin is not None:
+    if cos is not None:
         if pos is not None or offsets is not None or cu is not None:
             raise ValueError("cos/sin tables are read per token as given: positions, seqlen_offsets and cu_seqlens "
                              "apply to the inv_freq and cos_sin_cache sources")
-        if cos is None or sin is None:
-            raise ValueError("cos and sin must be given together")
         target = (seqlen, rot) if layout == "thd" else (batch, seqlen, rot)
         tables[:2] = [_table(t, name, target, n.backend, q) for t, name in ((cos, "cos"), (sin, "sin"))]
         if layout == "thd":
@@ -295,8 +295,8 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, q_weight: Op
             cos, sin: HF's tables [B, S, R] (broadcastable; [T, R] for thd), any float dtype, read at each
                 output's dim (not differentiated);
             cos_sin_cache [max_position, R]: vLLM's cache (cos half, then sin half) read at `positions`
-                (broadcastable to [B, S], [T] for thd; required, each in [0, max_position): checked on the CPU,
-                clamped into range by the kernels elsewhere).
+                (broadcastable to [B, S], [T] for thd; required, each in [0, max_position): checked on the CPU in
+                eager mode, clamped into range by the kernels otherwise).
         interleaved: GPT-J pairs (x[2i], x[2i+1]) instead of NeoX halves (x[i], x[i + R/2]).
         rotary_dim: R <= D (default: 2 len(inv_freq), or the table's width); dims past R are normalised, not
             rotated.
@@ -317,9 +317,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, q_weight: Op
                    seqlen_offsets, cu_seqlens, layout, interleaved, rotary_dim, attention_scaling, precision, backend)
     empty = n.q4.numel() == 0 and (n.k4 is None or n.k4.numel() == 0)
     if inplace:
-        for name, x4, x in (("q", n.q4, q), ("k", n.k4, k)):
-            if x4 is not None and x4.data_ptr() != x.data_ptr() and x4.numel():
-                raise ValueError(f"inplace=True needs {name} with stride 1 in its last dim")
+        rope_ops._check_inplace(q, k, n.q4, n.k4)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, q_weight, k_weight)):
             raise ValueError("inplace=True is for inference: the backward needs q and k, which it overwrites; "
                              "use inplace=False (or torch.no_grad())")
@@ -332,6 +330,8 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, q_weight: Op
             return q if k is None else (q, k)
     elif inplace:
         _ops(n.backend)[1](n.q4, n.k4, *n.args)
+        if n.backend != "triton":  # the C++ schema's mutation bumps no version counter outside autograd
+            torch.autograd.graph.increment_version([x for x in (q, k) if x is not None])
         return q if k is None else (q, k)
     else:
         outs = _ops(n.backend)[0](n.q4, n.k4, *n.args)

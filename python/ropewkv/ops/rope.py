@@ -197,6 +197,39 @@ def _rope_inplace(n: "_Normalised", q, k, layout: str) -> None:
             _InplaceRope.apply(x, None, layout, n.backend, n.args)
 
 
+def _check_inplace(q, k, q4, k4) -> None:
+    """In place, the twins rotate q and k through their own memory, each element once: a strided last dim (the
+    normalised view would be a copy), an expanded tensor or q and k sharing memory would rotate some elements twice
+    or none. torch.compile traces no memory addresses: there only k being q itself is caught here (an expanded tensor
+    fails torch's own functionalisation)."""
+    for name, x in (("q", q), ("k", k)):
+        if x is None:
+            continue
+        if x.numel() and x.shape[-1] > 1 and x.stride(-1) != 1:
+            raise ValueError(f"inplace=True needs {name} with stride 1 in its last dim")
+        if not torch.compiler.is_compiling() and torch._debug_has_internal_overlap(x) == 1:
+            raise ValueError(f"inplace=True needs {name} whose elements do not share memory (an expanded tensor?), "
+                             "clone it")
+    if k is not None and (k is q or (not torch.compiler.is_compiling() and _share_memory(q4, k4))):
+        raise ValueError("inplace=True needs q and k in separate memory (not one tensor, nor overlapping views)")
+
+
+def _share_memory(q4: torch.Tensor, k4: torch.Tensor) -> bool:
+    """Whether the [B, S, H, D] views q4 and k4 (one dtype) may share an element. Slices of one buffer (a fused qkv
+    projection) share none though their spans interleave: with the same token strides, their spans within a token
+    decide."""
+    if not q4.numel() or not k4.numel():
+        return False
+    same_tokens = all(q4.stride(d) == k4.stride(d) for d in (0, 1) if q4.shape[d] > 1)
+    dims = (2, 3) if same_tokens else (0, 1, 2, 3)
+
+    def span(x):  # the addresses of x's first and last element (in its first token when same_tokens)
+        return x.data_ptr(), x.data_ptr() + x.element_size() * sum((x.shape[d] - 1) * x.stride(d) for d in dims)
+
+    (q_first, q_last), (k_first, k_last) = span(q4), span(k4)
+    return q_first <= k_last and k_first <= q_last
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Argument normalisation: clear Python errors first, then [B, S, H, D] views and index tensors.
 
@@ -222,10 +255,15 @@ def _index_tensor(t, name: str, q: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _checks_values(t: torch.Tensor) -> bool:
+    """Whether to validate an index tensor's values on the host: CPU tensors, outside torch.compile (which cannot
+    trace a data-dependent check). Elsewhere they are trusted: no twin indexes memory with them unchecked (positions
+    and offsets only give other angles, cache rows are clamped, cu_seqlens only steer a bounded binary search)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _check_cpu_nonnegative(t: torch.Tensor, name: str) -> None:
-    # Values are validated where that costs no device sync; on CUDA they are trusted (out-of-range values cannot
-    # read out of bounds: they only give other angles).
-    if t.device.type == "cpu" and t.numel() and int(t.min()) < 0:
+    if _checks_values(t) and t.numel() and int(t.min()) < 0:
         raise ValueError(f"{name} must be >= 0, got min {int(t.min())}")
 
 
@@ -233,7 +271,7 @@ def _cu_seqlens(cu_seqlens, total: int, q: torch.Tensor) -> torch.Tensor:
     cu = _index_tensor(cu_seqlens, "cu_seqlens", q)
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with n_seqs + 1 >= 2 entries, got shape {tuple(cu.shape)}")
-    if cu.device.type == "cpu":
+    if _checks_values(cu):
         if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
             raise ValueError(f"cu_seqlens must start at 0 and be non-decreasing, got {cu.tolist()[:8]}...")
         if int(cu[-1]) != total:
@@ -282,7 +320,7 @@ def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor, m
         pos = pos.expand(target)
     except RuntimeError:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to {target}") from None
-    if pos.device.type == "cpu" and pos.numel() and int(pos.abs().max()) >= MAX_EXACT_POSITION:
+    if _checks_values(pos) and pos.numel() and int(pos.abs().max()) >= MAX_EXACT_POSITION:
         raise ValueError("positions must be < 2^24 in magnitude (positions are exact in fp32 below that)")
     return pos.unsqueeze(-2) if thd else pos
 
@@ -336,6 +374,9 @@ def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layou
     _checks.check_same_device("q", q, inv_freq=inv_freq)
     if not inv_freq.is_floating_point() or inv_freq.dim() != 1:
         raise TypeError(f"inv_freq must be a 1-D float tensor, got {inv_freq.dtype} of shape {tuple(inv_freq.shape)}")
+    if resolved != "reference" and inv_freq.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(f"inv_freq gets no gradient on backend {resolved!r}; detach it, or use "
+                                  "backend='reference'")
     if rotary_dim is None:
         rotary_dim = 2 * inv_freq.numel()
     if not isinstance(rotary_dim, int) or rotary_dim % 2 or rotary_dim < 0:
@@ -431,7 +472,7 @@ def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, 
     else:
         k4 = None
     if (not isinstance(inv_freq, torch.Tensor) or inv_freq.dtype != torch.float32 or inv_freq.dim() != 1
-            or not inv_freq.is_contiguous() or inv_freq.device != device):
+            or not inv_freq.is_contiguous() or inv_freq.device != device or inv_freq.requires_grad):
         return None
     rot = 2 * inv_freq.numel()
     if rot > head_dim or (rotary_dim is not None and (type(rotary_dim) is not int or rotary_dim != rot)):
@@ -526,13 +567,14 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
         seqlen_offsets: int or int tensor [B] ([n_seqs] with cu_seqlens), added to every position (KV cache,
             context-parallel shards). Must be >= 0.
         cu_seqlens: int32/int64 [n_seqs + 1], "thd" only: cumulative sequence starts; positions restart at 0 in each
-            sequence (0, non-decreasing, ending at T; checked when on the CPU, trusted on CUDA to avoid a sync).
+            sequence (0, non-decreasing, ending at T; checked on the CPU in eager mode, trusted on CUDA to avoid a
+            sync and under torch.compile).
         max_seqlen: accepted for API compatibility and unused (the kernels run on a linear token grid).
         layout: "bshd" | "bhsd" | "sbhd" | "thd".
         interleaved: False = NeoX half style, pairs (x[i], x[i + R/2]); True = GPT-J style, pairs (x[2i], x[2i+1]).
         rotary_dim: R, even, <= D and <= 2n; dims past R are passed through bit-exactly.
         attention_scaling: multiplies cos and sin (HF's attention_scaling of yarn/longrope).
-        inplace: rotate q and k in place (autograd-aware; returns the same tensors).
+        inplace: rotate q and k in place (autograd-aware; returns the same tensors). q and k must not share memory.
         precision: "fp32" (math in fp32: the default build), "bf16" (HF eager low-precision arithmetic: cos/sin
             rounded to q's dtype, then every product and sum rounded to it), or None for the build default.
         backend: "auto" | "cuda" | "triton" | "cpu" | "reference".
@@ -560,9 +602,7 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
     if common_call and layout != "thd":
         _accept((backend, precision, layout, q.dtype, q.device), n.backend, q, n.precision)
     if inplace:
-        for name, x4 in (("q", n.q4), ("k", n.k4)):
-            if x4 is not None and x4.data_ptr() != (q if name == "q" else k).data_ptr() and x4.numel():
-                raise ValueError(f"inplace=True needs {name} with stride 1 in its last dim")
+        _check_inplace(q, k, n.q4, n.k4)
     empty = n.q4.numel() == 0 and (n.k4 is None or n.k4.numel() == 0)
     if n.backend == "reference" or empty:
         outs = [_reference_rope(n, x4) if not empty else x4.clone() for x4 in (n.q4, n.k4) if x4 is not None]
@@ -593,7 +633,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 
     Args:
         q, k: [B, H, S, D] with unsqueeze_dim=1 (HF's default), or [B, S, H, D] with unsqueeze_dim=2; k may have its
-            own head count. fp32/fp16/bf16 (fp64 on cpu/reference).
+            own head count (not its own head_dim, as in HF). fp32/fp16/bf16 (fp64 on cpu/reference).
         cos, sin: HF's tables, e.g. [B, S, R] (any float dtype, broadcast views welcome); cos.unsqueeze(unsqueeze_dim)
             must broadcast to q[..., :R]. R < D is partial rotary (GPT-NeoX): dims past R pass through bit-exactly.
         precision: "fp32" reads cos/sin and computes in fp32; "bf16" reproduces HF's eager arithmetic in q's dtype
@@ -625,6 +665,8 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     _checks.check_float(k, "k", resolved)
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"q and k must be 4-D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.shape[-1] != q.shape[-1]:  # as HF's, which rotates both with the same cos/sin
+        raise ValueError(f"k's head_dim {k.shape[-1]} must equal q's {q.shape[-1]}")
     rot = cos.shape[-1]
     if rot % 2 or rot > q.shape[-1]:
         raise ValueError(f"cos/sin last dim (rotary_dim) must be even and <= head_dim {q.shape[-1]}, got {rot}")
@@ -641,7 +683,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     fused = q.dtype == k.dtype and q4.shape[:2] == k4.shape[:2]
     c3, s3 = (_table_view(t, q, rot, axis) for t in (cos_u, sin_u))
     kc3, ks3 = (c3, s3) if fused else (_table_view(t, k, rot, axis) for t in (cos_u, sin_u))
-    if resolved != "cpu" and cos.dtype == torch.float64:  # only the CPU twin reads fp64 tables
+    if resolved not in ("cpu", "reference") and cos.dtype == torch.float64:  # the CUDA and Triton twins read fp32
         c3, s3, kc3, ks3 = (t.to(torch.float32) for t in (c3, s3, kc3, ks3))
     code = _backend.precision_code(resolved_precision)
     if unsqueeze_dim in (1, 2) and type(unsqueeze_dim) is int:
