@@ -89,8 +89,8 @@ def _wkv7_case(device, backend):
     def run():
         y, final = wkv7(*leaves[:6], initial_state=leaves[6], output_final_state=True, decay="raw", backend=backend)
         grads = torch.autograd.grad((y, final), leaves, (y, final))
-        state = x["initial_state"].clone()
-        y_step = wkv7_step(*(t[:, 0] for t in leaves[:6]), state, decay="raw", backend=backend)
+        state = x["initial_state"].detach().clone()  # the step has no backward: it refuses inputs that need one
+        y_step = wkv7_step(*(t.detach()[:, 0] for t in leaves[:6]), state, decay="raw", backend=backend)
         return y, final, *grads, y_step, state, ropewkv.rwkv7_log_decay(x["w"], backend=backend)
 
     return run

@@ -89,6 +89,24 @@ def test_varlen_uneven(device, initial_state):
                              seed=7, initial_state=initial_state, cu_seqlens=bounds)
 
 
+@pytest.mark.parametrize("algorithm", ["sequential", "chunked"])
+def test_strided_cu_seqlens(device, algorithm):
+    """The Triton twins read cu_seqlens through its data pointer: a strided one (each offset followed by garbage)
+    must reach them dense, not be read as [0, 99, 3, 99]."""
+    cu = torch.tensor([[0, 99], [3, 99], [10, 99], [21, 99]], device=device)[:, 0]
+    gen = seeded(30)
+    inputs = parity.rwkv7_inputs(1, 21, 1, 32, generator=gen, device=device)
+    inputs["initial_state"] = torch.randn(3, 1, 32, 32, generator=gen).to(device)
+    cot_y, cot_s = parity.cotangents(inputs, 3, gen, device)
+    reference_result = parity.oracle(inputs, "loglog", cot_y, cot_s, cu)
+    for backend in kernel_backends(device):
+        with poisoned_outputs():
+            result = parity.run_wkv7(backend, inputs, "loglog", "fp32", cot_y, cot_s, cu, algorithm=algorithm)
+        for row in parity.measurements(backend, "fp32", result, reference_result,
+                                       parity.tolerance(torch.float32, "fp32", 21), torch.float32):
+            assert_within(row)
+
+
 @pytest.mark.parametrize("head_size", [32, 64, 128, 256])
 def test_head_sizes(device, head_size):
     for backend in kernel_backends(device):
@@ -237,6 +255,32 @@ def test_torch_compile_fullgraph(device):
     torch.testing.assert_close(state_compiled, state_eager, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("algorithm", ["sequential", "chunked"])
+def test_malformed_cu_seqlens_under_compile_poison_the_outputs(device, algorithm):
+    """Compiled, cu_seqlens' values go unchecked on the host. The cpu twin checks them in C++ (no sync to avoid);
+    the device twins clamp them (tests/test_wkv7_triton_bounds.py) and their outputs become NaN, so tokens outside
+    every sequence never come back as unwritten memory."""
+    inputs = parity.rwkv7_inputs(1, 10, 1, 32, generator=seeded(31), device=device)
+    xs = [inputs[k] for k in parity.GRAD_NAMES[:6]]
+
+    def f(cu):
+        return ops.wkv7(*xs, cu_seqlens=cu, output_final_state=True, backend=backend, algorithm=algorithm)
+
+    for backend in kernel_backends(device):
+        compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+        good = torch.tensor([0, 4, 10], device=device)
+        for got, expected in zip(compiled(good), f(good)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        for bad in ([0, 4, 5], [2, 4, 10], [0, 7, 4, 10]):
+            cu = torch.tensor(bad, device=device)
+            if backend == "cpu":
+                with pytest.raises(ValueError, match="cu_seqlens"):
+                    compiled(cu)
+                continue
+            y, final_state = compiled(cu)
+            assert y.isnan().all() and final_state.isnan().all(), (backend, bad)
+
+
 def _ins(batch=1, seqlen=4, heads=1, n=32, dtype=torch.float32):
     inputs = parity.rwkv7_inputs(batch, seqlen, heads, n, dtype=dtype, generator=seeded(28))
     return [inputs[k] for k in parity.GRAD_NAMES[:6]]
@@ -286,6 +330,32 @@ def test_step_errors_name_the_argument():
         ops.wkv7_step(*xs, torch.zeros(1, 1, 32, 32).transpose(2, 3))
     with pytest.raises(ValueError, match="decay must be one of"):
         ops.wkv7_step(*xs, torch.zeros(1, 1, 32, 32), decay="sigmoid")
+
+
+def test_step_refuses_gradients_except_on_the_reference(device):
+    """The step ops have no autograd kernel: torch alone would only warn, and the cpu twin's backward silently dropped
+    the step. So with grad mode on, an input or a state that requires grad is refused, also after the fast path has
+    accepted the call; the reference backend differentiates."""
+    inputs = parity.rwkv7_inputs(2, 1, 1, 32, generator=seeded(29), device=device, initial_state=True)
+    xs = [inputs[k][:, 0] for k in parity.GRAD_NAMES[:6]]
+    s0 = inputs["initial_state"]
+    for backend in kernel_backends(device):
+        ops.wkv7_step(*xs, s0.clone(), backend=backend)  # caches the fast path
+        r = xs[0].clone().requires_grad_()
+        with pytest.raises(RuntimeError, match="wkv7_step has no backward .* requires_grad is set on r: train with "
+                                               "ropewkv.wkv7"):
+            ops.wkv7_step(r, *xs[1:], s0.clone(), backend=backend)
+        with pytest.raises(RuntimeError, match="requires_grad is set on state"):
+            ops.wkv7_step(*xs, s0.clone().requires_grad_() * 1.0, backend=backend)
+        with torch.no_grad():
+            ops.wkv7_step(r, *xs[1:], s0.clone(), backend=backend)
+    r = xs[0].clone().requires_grad_()
+    cot = torch.randn(r.shape, generator=seeded(30)).to(device)
+    grad, = torch.autograd.grad(ops.wkv7_step(r, *xs[1:], s0.clone(), backend="reference"), r, cot)
+    r64 = xs[0].double().requires_grad_()
+    y64, _ = reference.wkv7(r64[:, None], *(x[:, None].double() for x in xs[1:]), initial_state=s0.double())
+    expected, = torch.autograd.grad(y64[:, 0], r64, cot.double())
+    assert rms_ratio(grad, expected) < 1e-6
 
 
 def test_cpp_guards_behind_python():

@@ -91,6 +91,26 @@ def test_triton_state_columns_split_over_programs(device, monkeypatch, precision
     _check(_run("triton", inputs, "loglog", precision, cot_y, cot_s, cu), reference, bound, precision)
 
 
+def test_triton_twin_strided_cu_seqlens(device):
+    """wkv7_chunked_triton: its kernels read cu_seqlens through its data pointer, so a strided one (each offset
+    followed by garbage) is made dense first, not read as [0, 99, 3, 99]; forward and backward against fp64."""
+    if "triton" not in kernel_backends(device):
+        pytest.skip(f"the triton backend cannot run on {device.type} here")
+    from ropewkv.ops.rwkv7.chunked import wkv7_chunked_triton
+
+    gen = seeded(31)
+    inputs = parity.rwkv7_inputs(1, 21, 1, 32, torch.float32, "loglog", gen, device)
+    inputs["initial_state"] = torch.randn(3, 1, 32, 32, generator=gen).to(device)
+    cu = torch.tensor([[0, 99], [3, 99], [10, 99], [21, 99]], device=device)[:, 0]
+    cot_y, cot_s = parity.cotangents(inputs, 3, gen, device)
+    reference = parity.oracle(inputs, "loglog", cot_y, cot_s, cu_seqlens=cu)
+    leaves = {n: inputs[n].clone().requires_grad_() for n in (*NAMES, "initial_state")}
+    with poisoned_outputs():
+        y, state = wkv7_chunked_triton(*leaves.values(), True, cu, "loglog", "fp32")
+        grads = torch.autograd.grad([y, state], list(leaves.values()), [cot_y, cot_s])
+    _check((y, state, dict(zip(leaves, grads))), reference, FP32_RMS, "strided cu_seqlens")
+
+
 def test_cpu_twin_long_sequence_matches_sequential_and_reference():
     """T = 250 (15 full chunks and a short last one): chunked and sequential CPU twins both near fp64."""
     gen = seeded(7)

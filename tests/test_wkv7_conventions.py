@@ -6,7 +6,7 @@ import torch
 
 import ropewkv.ops.rwkv7 as ops
 from ropewkv.reference import rwkv7 as reference
-from ropewkv.testing import max_ulp_error, rms_ratio, seeded
+from ropewkv.testing import max_ulp_error, poisoned_outputs, rms_ratio, seeded
 from ropewkv.testing import rwkv7 as parity
 from conftest import kernel_backends
 from test_wkv7 import check_inputs, shape_for
@@ -129,13 +129,39 @@ def test_mask_freezes_the_state(device, decay):
         _, state, grads = check(device, backend, inputs, decay, parity.tolerance(torch.float32, "fp32", shape[1]),
                                 mask=mask)
         masked = ~mask[..., None, None].expand_as(inputs["w"])
-        for name in ("w", "k", "b"):  # inputs of frozen tokens do not reach the state
+        for name in NAMES[1:]:  # inputs of frozen tokens do not reach the state
             assert torch.all(grads[name][masked] == 0), (backend, name)
         # A frozen token is an exact no-op: row 0 ends in the state its unpadded tokens reach, bit for bit.
         xs = [inputs[n][:1, 3:] for n in NAMES]
         _, unpadded = ops.wkv7(*xs, initial_state=inputs["initial_state"][:1], output_final_state=True,
                                decay=decay, backend=backend)
         assert torch.equal(state[:1].detach(), unpadded), backend
+
+
+def test_mask_freezes_the_state_whatever_the_padding_holds(device):
+    """inf or NaN in a masked token's v or a must not reach the state through inf * 0: y and the final state stay
+    those of the fp64 reference, and y, the state and every gradient those of the same call with finite padding."""
+    for backend in kernel_backends(device):
+        shape = shape_for(backend, 2, 10, 1, 32)
+        inputs = parity.rwkv7_inputs(*shape, generator=seeded(16), device=device, initial_state=True)
+        mask = left_padded_mask(shape[0], shape[1], device)
+        padded = dict(inputs, v=inputs["v"].clone(), a=inputs["a"].clone())
+        padded["v"][0, 0] = padded["a"][0, 1] = float("inf")
+        padded["v"][0, 2] = padded["a"][0, 2] = float("nan")
+        cot_y, cot_s = parity.cotangents(inputs, shape[0], seeded(17), device)
+        ref_y, ref_state = reference.wkv7(*(padded[n] for n in NAMES), initial_state=inputs["initial_state"],
+                                          output_final_state=True, mask=mask)
+        tol = parity.tolerance(torch.float32, "fp32", shape[1]).rms
+        for algorithm in ("sequential", "chunked"):
+            with poisoned_outputs():
+                y, state, grads = parity.run_wkv7(backend, padded, "loglog", "fp32", cot_y, cot_s, mask=mask,
+                                                  algorithm=algorithm)
+                finite = parity.run_wkv7(backend, inputs, "loglog", "fp32", cot_y, cot_s, mask=mask,
+                                         algorithm=algorithm)
+            assert rms_ratio(y, ref_y) < tol and rms_ratio(state, ref_state) < tol, (backend, algorithm)
+            assert torch.equal(y, finite[0]) and torch.equal(state, finite[1]), (backend, algorithm)
+            for name, grad in grads.items():
+                assert torch.equal(grad, finite[2][name]), (backend, algorithm, name)
 
 
 def test_mask_of_ones_changes_nothing_and_accepts_any_real_dtype(device):

@@ -140,6 +140,15 @@ def test_varlen_uneven(device, index_dtype, initial_state):
     check_against_reference(inputs, "log", cu_seqlens=cu_seqlens, seed=9)
 
 
+def test_strided_cu_seqlens(device):
+    """The kernel reads cu_seqlens through its data pointer: a strided one (each offset followed by garbage) is made
+    dense first, not read as [0, 99, 3, 99]."""
+    cu_seqlens = torch.tensor([[0, 99], [3, 99], [10, 99], [21, 99]], device=device)[:, 0]
+    inputs = _inputs(device, 1, 21, 1, 32, torch.float32, "loglog", seed=50, initial_state=False)
+    inputs["initial_state"] = torch.randn(3, 1, 32, 32, generator=seeded(51)).to(device)
+    check_against_reference(inputs, cu_seqlens=cu_seqlens, seed=52)
+
+
 def test_empty_sequence_passes_the_state_through(device):
     inputs = _inputs(device, 2, 0, 1, 32, torch.float32, "loglog", seed=10, initial_state=True)
     errors = check_against_reference(inputs, seed=11)

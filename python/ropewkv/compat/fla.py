@@ -14,7 +14,9 @@ All three have a backward (FLA's fused forms have none). The math is ropewkv's: 
 
 FLA's tuning hints, and what they mean here:
   - safe_gate, chunk_size: not needed. FLA uses them to choose a tensor-core scheme of its chunked form that is safe
-    for the decay range; ropewkv's recurrence has no chunks and is exact in fp32 for any decay. Accepted, ignored.
+    for the decay range. All three forms here call wkv7(algorithm="auto"): the chunked form on the cpu backend from
+    8 tokens per sequence, else the sequential recurrence. Neither needs such a scheme: the chunked form never divides
+    by a cumulative decay (ops/rwkv7/chunked.md), so both are fp32-accurate for any decay. Accepted, ignored.
   - disable_recompute: not needed: the backward always recomputes the states from fp32 checkpoints (every 16 tokens).
   - cu_seqlens_cpu: not needed: the kernels read cu_seqlens on the device. Checked to pair with cu_seqlens.
   - lower_bound: checked: FLA's kernels assume lower_bound <= w and let the caller guarantee it; here every w must

@@ -131,12 +131,13 @@ def _check_mask(mask, r: torch.Tensor) -> None:
 _NO_DECAY = {"loglog": float("-inf"), "raw": float("-inf"), "log": 0.0}
 
 
-def _freeze_masked_steps(mask: torch.Tensor, w, k, b, decay: str):
-    """w, k, b with every masked token (mask == 0) made an exact no-op of the state: decay 1 and no update
-    (S_t = S_{t-1} * 1 + sa * 0 + v * 0 = S_{t-1}, bit for bit, in every twin). Gradients stay exact: the masked
-    tokens' w, k and b get zero gradient, and the state's cotangent passes through unchanged."""
+def _freeze_masked_steps(mask: torch.Tensor, w, k, v, a, b, decay: str):
+    """w, k, v, a, b with every masked token (mask == 0) made an exact no-op of the state: decay 1 and no update
+    (S_t = S_{t-1} * 1 + (S_{t-1} 0) 0^T + 0 0^T = S_{t-1}, bit for bit, in every twin). v and a are zeroed too, so
+    that an inf or NaN in a padding slot cannot enter through inf * 0. Gradients stay exact: the masked tokens' w, k,
+    v, a and b get zero gradient, and the state's cotangent passes through unchanged."""
     keep = (mask != 0)[:, :, None, None]
-    return torch.where(keep, w, _NO_DECAY[decay]), torch.where(keep, k, 0.0), torch.where(keep, b, 0.0)
+    return torch.where(keep, w, _NO_DECAY[decay]), *(torch.where(keep, x, 0.0) for x in (k, v, a, b))
 
 
 def _decay_read_as_is(w: torch.Tensor, r: torch.Tensor) -> bool:
@@ -171,8 +172,9 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
             0 to T; each sequence starts from its own initial_state[n].
         mask: None, or [B, T] (bool, integer or float): where 0, the token leaves the state exactly as it was
             (left padding in batched inference, as rwkv-ops' mask), and y there reads that unchanged state
-            (rwkv-ops reads the update it then discards; both are padding output). Gradients are exact: masked
-            tokens' w, k, b get zero gradient. Costs three elementwise passes over w, k, b.
+            (rwkv-ops reads the update it then discards; both are padding output), even if its w, k, v, a or b
+            is inf or NaN. Gradients are exact: masked tokens' w, k, v, a, b get zero gradient. Costs five
+            elementwise passes over w, k, v, a, b.
         decay: the convention of w: "loglog" d = exp(-exp(w)) (RWKV-LM), "raw" d = exp(-e^{-0.5} sigmoid(w)) (the
             LoRA pre-activation, fused; RWKV-LM clampw), "log" d = exp(w) (FLA, HF). Computed in fp32 in the kernel.
         precision: None (the build default), "fp32" (all arithmetic fp32), or "bf16" (RWKV-LM's bf16 mode: I/O
@@ -196,6 +198,8 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     decay_code = _check_decay(decay)
     precision = _backend.resolve_precision(precision)
     n_seqs = _check_cu_seqlens(cu_seqlens, r)
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()  # the Triton twins read it through its data pointer as dense
     algorithm = _resolve_algorithm(algorithm, resolved, r.shape[0] * r.shape[1] / max(n_seqs, 1))
     _, _, heads, n = r.shape
     if initial_state is not None:
@@ -204,21 +208,42 @@ def wkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     w = _decay_input(w, r)
     if mask is not None:
         _check_mask(mask, r)
-        w, k, b = _freeze_masked_steps(mask, w, k, b, decay)
+        w, k, v, a, b = _freeze_masked_steps(mask, w, k, v, a, b, decay)
     tensors = tuple(x.contiguous() for x in (r, w, k, v, a, b))
-    if resolved == "reference":
+    y, final_state = _run(tensors, initial_state, bool(output_final_state), cu_seqlens, decay, decay_code, precision,
+                          resolved, algorithm)
+    if cu_seqlens is not None and torch.compiler.is_compiling():
+        y, final_state = _poisoned_unless_valid(cu_seqlens, r.shape[1], y, final_state)
+    return y, final_state
+
+
+def _run(tensors, initial_state, output_final_state: bool, cu_seqlens, decay: str, decay_code: int, precision: str,
+         backend: str, algorithm: str):
+    """(y, final state or None) of the checked, contiguous r..b from the backend and algorithm wkv7 resolved."""
+    if backend == "reference":
         y, final_state = reference.wkv7(*tensors, initial_state=initial_state, output_final_state=output_final_state,
-                                        cu_seqlens=cu_seqlens, decay=decay, dtype=_backend.compute_dtype(r.dtype))
-        return y.to(r.dtype), final_state
+                                        cu_seqlens=cu_seqlens, decay=decay,
+                                        dtype=_backend.compute_dtype(tensors[0].dtype))
+        return y.to(tensors[0].dtype), final_state
     if algorithm == "chunked":
-        if resolved == "triton":
-            return chunked.wkv7_chunked_triton(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay,
+        if backend == "triton":
+            return chunked.wkv7_chunked_triton(*tensors, initial_state, output_final_state, cu_seqlens, decay,
                                                precision)
-        return chunked.wkv7_chunked_cpp(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay_code,
+        return chunked.wkv7_chunked_cpp(*tensors, initial_state, output_final_state, cu_seqlens, decay_code,
                                         precision)
-    if resolved == "triton":
-        return recurrent.wkv7_triton(*tensors, initial_state, bool(output_final_state), cu_seqlens, decay, precision)
+    if backend == "triton":
+        return recurrent.wkv7_triton(*tensors, initial_state, output_final_state, cu_seqlens, decay, precision)
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (*tensors, initial_state))
     y, final_state, _ = torch.ops.ropewkv.wkv7_forward(*tensors, initial_state, cu_seqlens, decay_code,
                                                       _backend.precision_code(precision), save)
     return y, (final_state if output_final_state else None)
+
+
+def _poisoned_unless_valid(cu_seqlens: torch.Tensor, tokens: int, y, final_state):
+    """Under torch.compile cu_seqlens' values go unchecked (the check needs a host sync). The kernels clamp malformed
+    offsets, so nothing is read or written out of bounds, but tokens outside every sequence would be left unwritten
+    and overlapping sequences would race: instead, y and the final state become NaN, on the device."""
+    valid = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == tokens) & (cu_seqlens[1:] >= cu_seqlens[:-1]).all()
+    nan = torch.tensor(float("nan"), device=y.device)
+    return torch.where(valid, y, nan.to(y.dtype)), (None if final_state is None else
+                                                    torch.where(valid, final_state, nan))

@@ -108,6 +108,8 @@ def wkv7_chunked_triton(r, w, k, v, a, b, initial_state, output_final_state: boo
     """The chunked Triton twin; arguments and result as recurrent.wkv7_triton. precision="bf16" also feeds bf16
     operands to the N-sized tensor-core products (fp32 accumulate; state, decays and sums fp32)."""
     recurrent._check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision)
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()  # the kernels read it through its data pointer as dense
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (r, w, k, v, a, b,
                                                                                        initial_state))
     y, final_state, _ = _triton_fwd(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save)

@@ -10,7 +10,7 @@ import torch
 from ... import _backend
 from ...reference import rwkv7 as reference
 from . import recurrent
-from .api import _check_decay, _check_inputs, _check_state, _decay_input, _decay_read_as_is
+from .api import _NAMES, _check_decay, _check_inputs, _check_state, _decay_input, _decay_read_as_is
 
 
 def _fake_step(r, w, k, v, a, b, state, decay, precision):
@@ -98,7 +98,7 @@ def _step_fast(r, w, k, v, a, b, state, decay, precision, backend) -> Optional[t
             or not state.is_contiguous()):
         return None
     if torch.is_grad_enabled() and any(x.requires_grad for x in (r, w, k, v, a, b, state)):
-        return None  # the op has no backward: the general path's op call says so
+        return None  # the op has no backward: the general path refuses (or differentiates the reference)
     return run(r.contiguous(), w.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), state)
 
 
@@ -114,7 +114,9 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         decay, precision, backend: as wkv7.
     Returns:
         y [B, H, N] in r's dtype.
-    Inference only: there is no backward (train with wkv7). It is a mutating custom op, so torch.compile keeps it.
+    Inference only: there is no backward (train with wkv7); with grad mode on, an input or state that requires grad
+    raises, except on the reference backend, which autograd differentiates. It is a mutating custom op, so
+    torch.compile keeps it.
     """
     y = _step_fast(r, w, k, v, a, b, state, decay, precision, backend)
     if y is not None:
@@ -125,6 +127,13 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _check_state(state, "state", (batch, heads, n, n), r)
     if not state.is_contiguous():
         raise ValueError("state must be contiguous: wkv7_step updates it in place")
+    # The kernel ops have no autograd kernel: torch would only warn and return a y whose backward drops this step.
+    if resolved != "reference" and torch.is_grad_enabled():
+        needs_grad = [name for name, x in zip((*_NAMES, "state"), (r, w, k, v, a, b, state)) if x.requires_grad]
+        if needs_grad:
+            raise RuntimeError(f"wkv7_step has no backward on the {resolved} backend, but requires_grad is set on "
+                               f"{', '.join(needs_grad)}: train with ropewkv.wkv7 (T = 1 for one token), which has "
+                               "one, or call wkv7_step under torch.no_grad() or with detached inputs")
     precision_arg, precision = precision, _backend.resolve_precision(precision)
     tensors = tuple(x.contiguous() for x in (r, _decay_input(w, r), k, v, a, b))
     if _backend.fast_path_cacheable(resolved, r) and _decay_read_as_is(w, r) and not torch.compiler.is_compiling():

@@ -211,6 +211,8 @@ def wkv7_triton(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tens
     the backward also takes fp32 partial sums, 80 bytes per element of r, freed when it returns.
     """
     _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision)
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()  # the kernels read it through its data pointer as dense
     tensors = (r, w, k, v, a, b, initial_state)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     y, final_state, _ = _wkv7_fwd(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision, save)
