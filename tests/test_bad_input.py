@@ -414,3 +414,25 @@ def test_wkv7_chunked_nan_stays_in_its_chunk_and_after(device, backend, precisio
     y, final = wkv7(*tensors, output_final_state=True, backend=backend, algorithm="chunked", precision=precision)
     assert (y.isnan() >= expected).all() and (y.isnan() <= allowed).all() and (y.isnan() > expected).any()
     assert torch.equal(final.isnan(), expected_final.isnan().to(final.device))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a cotangent on another device than CUDA inputs: no GPU")
+def test_cuda_backwards_refuse_cotangents_on_another_device():
+    """Autograd gives cotangents the outputs' device; a direct op call may not. The CUDA glue checks them as it checks
+    every input, instead of handing a kernel a host pointer."""
+    from ropewkv.ops import qk_norm_rope as qk_ops
+
+    cuda = torch.device("cuda")
+    x = rwkv7_inputs(1, 16, 1, 32, generator=seeded(40), device=cuda)
+    xs = [x[name] for name in ("r", "w", "k", "v", "a", "b")]
+    y, final_state, checkpoints = torch.ops.ropewkv.wkv7_forward(*xs, None, None, 0, 0, True)
+    with pytest.raises(RuntimeError, match="grad_final_state is on cpu but r is on cuda"):
+        torch.ops.ropewkv.wkv7_backward(torch.ones_like(y), final_state.cpu(), *xs, None, None, checkpoints, 0, 0)
+    q = rope_input(1, 4, 2, 64, torch.float32, generator=seeded(41), device=cuda)
+    k = rope_input(1, 4, 1, 64, torch.float32, generator=seeded(42), device=cuda)
+    n = qk_ops._normalise(q, k, None, None, 1e-6, 0.0, rope_inv_freq(64, device=cuda), None, None, None, None, 0,
+                          None, "bshd", False, None, 1.0, None, "cuda")
+    with pytest.raises(RuntimeError, match="grad_q is on cpu but q is on cuda"):
+        torch.ops.ropewkv.qk_norm_rope_backward(torch.ones_like(q).cpu(), torch.ones_like(k), n.q4, n.k4, *n.args)
+    with pytest.raises(RuntimeError, match="grad_k is on cpu but q is on cuda"):
+        torch.ops.ropewkv.qk_norm_rope_backward(torch.ones_like(q), torch.ones_like(k).cpu(), n.q4, n.k4, *n.args)
