@@ -95,6 +95,52 @@ def test_set_use_kernels_picks_ropewkv_on_cpu():
     assert "kernelized: ApplyRotaryPosEmb.forward" in out  # HF's function object now runs ropewkv's layer
 
 
+def test_registered_functions_other_than_hf_rope_keep_their_own():
+    """transformers registers some 120 functions as rotary_pos_emb, not all of them HF's rotate_half RoPE: GPT-OSS's
+    takes half-width tables and rotates both halves. Kernelized with ropewkv's mapping, a tiny GPT-OSS runs its own
+    function through the layer (logits as unkernelized), while a Llama in the same process calls ropewkv."""
+    run_fresh('''
+        config = transformers.GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=64, head_dim=16,
+                                           num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                                           num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
+                                           sliding_window=8)
+        torch.manual_seed(0)
+        gpt_oss = transformers.GptOssForCausalLM(config).eval()
+        llama = tiny_model("llama").eval()
+        ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            want = gpt_oss(ids).logits, llama(ids).logits
+            # ropewkv's mapping alone: GPT-OSS's MoE hub kernels would need the network
+            with kernels.use_kernel_mapping(ropewkv.hub.kernel_mapping(), inherit_mapping=False):
+                for model in (gpt_oss, llama):
+                    kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")
+            from transformers.models.gpt_oss import modeling_gpt_oss
+            assert modeling_gpt_oss.apply_rotary_pos_emb.forward.__func__.__qualname__ == "ApplyRotaryPosEmb.forward"
+            got = gpt_oss(ids).logits
+            torch.testing.assert_close(got, want[0], rtol=0, atol=1e-6 * want[0].abs().max())
+            assert calls == [], calls
+            got = llama(ids).logits
+            assert calls == ["cpu"] * LAYERS, calls
+            torch.testing.assert_close(got, want[1], rtol=0, atol=2e-6 * want[1].abs().max())
+    ''')
+
+
+def test_compiled_before_any_eager_call():
+    """torch.compile(fullgraph=True) as the first call of a kernelized model: the layer's probe of HF's function runs
+    while dynamo traces (a constant of the graph), not inside the graph, where it would break it."""
+    run_fresh('''
+        model = tiny_model("llama").eval()
+        ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            want = model(ids, use_cache=False).logits
+            with kernels.use_kernel_mapping(ropewkv.hub.kernel_mapping(), inherit_mapping=False):
+                kernels.kernelize(model, mode=kernels.Mode.INFERENCE | kernels.Mode.TORCH_COMPILE, device="cpu")
+            got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids, use_cache=False).logits
+        assert calls == ["cpu"] * LAYERS, calls
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * want.abs().max())
+    ''')
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU machine runs it)")
 def test_kernel_config_picks_ropewkv_on_cuda():
     """On CUDA, HF's KernelConfig (local repository) route, which replaces HF's default rotary kernel."""

@@ -63,6 +63,18 @@ def test_given_module_only(fla):
     assert mine.chunk_rwkv7 is fla.ops.chunk_rwkv7
 
 
+@pytest.mark.parametrize("first_undone", ["first", "second"])
+def test_a_second_patch_leaves_the_ops_to_the_first_and_undo_in_any_order_restores(fla, first_undone):
+    before = holders(fla)
+    first = ropewkv.patch.fla()
+    second = ropewkv.patch.fla()  # never re-wraps ours: its undo would put ours back
+    assert first.patched and second.patched == []
+    assert set(second.skipped) == set(first.patched)
+    for handle in (first, second) if first_undone == "first" else (second, first):
+        handle.undo()
+    assert holders(fla) == before
+
+
 def test_without_fla_installed_the_error_is_clear(monkeypatch):
     """The one case the real FLA cannot show: FLA absent."""
     for name in [n for n in sys.modules if n.split(".")[0] == "fla"] + ["fla"]:

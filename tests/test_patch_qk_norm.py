@@ -152,3 +152,24 @@ def test_patched_qwen3_compiles_fullgraph():
         want = model(ids, use_cache=False).logits
         got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids, use_cache=False).logits
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("first_undone", ["first", "second"])
+def test_a_second_patch_leaves_the_attention_to_the_first_and_says_so(first_undone, count_calls):
+    """A second patch with other settings while one is active: the attention keeps the first's fused forward, the
+    second handle records why, and undoing the two in either order restores HF's forward."""
+    from ropewkv.patch._handle import ALREADY_PATCHED
+
+    original = modeling_qwen3.Qwen3Attention.forward
+    model = tiny_model("qwen3", dtype=torch.bfloat16)
+    first = ropewkv.patch.transformers(model, rwkv7=False)
+    second = ropewkv.patch.transformers(model, precision="bf16", backend="reference", rwkv7=False)
+    assert second.skipped["transformers.models.qwen3.modeling_qwen3.Qwen3Attention.forward"] == ALREADY_PATCHED
+    assert second.patched == []
+    count_calls.clear()  # the first patch's probe called it too
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(7)))
+    assert count_calls == [None] * LAYERS  # the first handle's precision (the build default)
+    for handle in (first, second) if first_undone == "first" else (second, first):
+        handle.undo()
+    assert modeling_qwen3.Qwen3Attention.forward is original

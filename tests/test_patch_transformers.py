@@ -20,14 +20,18 @@ TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
 
 
 def tiny_model(arch: str, dtype=torch.float32, device="cpu", rope_parameters=None):
-    """hidden 64, 4 heads, vocab 128. Llama, Qwen3 and the VL text models: GQA with 2 kv heads; GPT-NeoX: rotary_pct
-    0.25 (partial rotary); Qwen2-VL, Qwen2.5-VL (M-RoPE sections [2, 3, 3] of 8 frequencies) and Qwen3-VL
+    """hidden 64, 4 heads, vocab 128. Llama, OLMo, OLMo2, Qwen3 and the VL text models: GQA with 2 kv heads; GPT-NeoX:
+    rotary_pct 0.25 (partial rotary); Qwen2-VL, Qwen2.5-VL (M-RoPE sections [2, 3, 3] of 8 frequencies) and Qwen3-VL
     (interleaved [4, 2, 2]) with a one-block vision tower that text-only inputs never run. rope_parameters: HF's
     dict (rope_theta 1e4 added), e.g. {"rope_type": "yarn", "factor": 4.0}."""
     torch.manual_seed(0)
     rope = {"rope_type": "default", "rope_theta": 10000.0, **(rope_parameters or {})}
     if arch == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TEXT, rope_parameters=rope))
+    elif arch in ("olmo", "olmo2"):
+        config, cls = ((transformers.OlmoConfig, transformers.OlmoForCausalLM) if arch == "olmo" else
+                       (transformers.Olmo2Config, transformers.Olmo2ForCausalLM))
+        model = cls(config(**TEXT, rope_parameters=rope))
     elif arch == "qwen3":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**TEXT, head_dim=16, rope_parameters=rope))
     elif arch == "gpt_neox":
@@ -227,3 +231,93 @@ def test_patched_model_compiles_fullgraph(arch):
         got = compiled(input_ids=ids, position_ids=positions, use_cache=False).logits
     # aot_eager traces our fake kernels, then runs the same kernels: identical results.
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("first_undone", ["first", "second"])
+def test_overlapping_handles_undo_in_any_order(first_undone):
+    """A second patch of an attribute another handle holds leaves it to that handle (recorded, never re-wrapped), so
+    undoing the two in either order ends with HF's originals."""
+    from ropewkv.patch._handle import ALREADY_PATCHED
+
+    originals = (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRotaryEmbedding.forward)
+    first = ropewkv.patch.transformers(tiny_model("llama"), rwkv7=False)
+    second = ropewkv.patch.transformers(tiny_model("llama"), precision="bf16", rwkv7=False)
+    assert second.patched == []
+    assert second.skipped["transformers.models.llama.modeling_llama.apply_rotary_pos_emb"] == ALREADY_PATCHED
+    for handle in (first, second) if first_undone == "first" else (second, first):
+        handle.undo()
+    assert modeling_llama.apply_rotary_pos_emb is originals[0]
+    assert modeling_llama.LlamaRotaryEmbedding.forward is originals[1]
+
+
+def test_undo_leaves_an_attribute_rebound_since_and_warns():
+    import types
+
+    from ropewkv.reference.rope import hf_apply_rotary_pos_emb
+
+    module = types.ModuleType("modeling_fake")
+    module.apply_rotary_pos_emb = hf_apply_rotary_pos_emb
+    handle = ropewkv.patch.transformers(module, rwkv7=False)
+    assert handle.patched == ["modeling_fake.apply_rotary_pos_emb"]
+
+    def someone_elses(q, k, cos, sin, unsqueeze_dim=1):
+        return q, k
+
+    module.apply_rotary_pos_emb = someone_elses
+    with pytest.warns(RuntimeWarning, match="rebound"):
+        handle.undo()
+    assert module.apply_rotary_pos_emb is someone_elses
+
+
+@pytest.mark.parametrize("arch", ["olmo", "olmo2"])
+def test_bf16_mode_is_bit_equal_where_hf_rotates_in_fp32(arch, count_calls):
+    """OLMo's and OLMo2's rotary modules return fp32 tables in a bf16 model, and their apply_rotary_pos_emb computes
+    in fp32 and rounds once to bf16. precision="bf16" (HF's arithmetic) finds that by a probe and does the same, so
+    every logit is bit-equal, at positions where rounding the tables to bf16 first would not be."""
+    model = tiny_model(arch, dtype=torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(2))
+    positions = positions_for(arch, 2, 24, start=1000)
+    with torch.no_grad():
+        want = model(input_ids=ids, position_ids=positions).logits
+        with ropewkv.patch.transformers(model, precision="bf16", rwkv7=False):
+            got = model(input_ids=ids, position_ids=positions).logits
+    assert count_calls == ["bf16"] * LAYERS
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rope_interleave", [True, False])
+def test_tables_with_other_readers_stay_hf(rope_interleave, count_calls):
+    """Youtu (MLA) rotates with its own apply_rotary_pos_emb_interleave (rope_interleave, its default) on the rotary
+    module's tables, so they stay HF's (recorded): exact fp32 tables made its key fp32 beside a bf16 value, and
+    attention raised. A bf16 Youtu patched at the default precision runs and matches HF within bf16 rounding."""
+    torch.manual_seed(0)
+    config = transformers.YoutuConfig(**dict(TEXT, num_key_value_heads=4), kv_lora_rank=16, q_lora_rank=32,
+                                      qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                      rope_interleave=rope_interleave)
+    model = transformers.YoutuForCausalLM(config).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        with ropewkv.patch.transformers(model, rwkv7=False) as handle:
+            got = model(ids).logits.float()
+            assert "transformers.models.youtu.modeling_youtu.apply_rotary_pos_emb" in handle.patched
+            assert "transformers.models.youtu.modeling_youtu.YoutuRotaryEmbedding" in handle.skipped
+    assert len(count_calls) == (0 if rope_interleave else LAYERS)
+    torch.testing.assert_close(got, want, rtol=0, atol=4 * 2**-8 * want.abs().max())
+
+
+def test_exact_table_modules_hand_their_tables_to_apply_rotary_pos_emb_alone():
+    """The allowlist's premise, checked on the installed transformers: no exact-table module calls another rotary
+    function (as Youtu's apply_rotary_pos_emb_interleave) on its rotary module's tables. Qwen2-VL's and Qwen2.5-VL's
+    vision rotation reads the vision tower's own tables (its rotary module's forward(seqlen) fails the probe)."""
+    import importlib
+    import inspect
+    import re
+
+    from ropewkv.patch._hf import EXACT_TABLE_MODULES
+
+    vision = {"apply_rotary_pos_emb_vision"}
+    for name in sorted(EXACT_TABLE_MODULES):
+        source = inspect.getsource(importlib.import_module(name))
+        others = set(re.findall(r"\b(apply_\w*rot\w*)\(", source)) - {"apply_rotary_pos_emb"}
+        assert others <= vision, (name, others)

@@ -6,6 +6,8 @@ REPO_PATH is a local kernel repository inside this package (rotary/: metadata.js
 kernel_mapping() maps `rotary_pos_emb` to its layer for CPU and CUDA, every kernelize mode, for
 `kernels.register_kernel_mapping` / `use_kernel_mapping`. HF builds cos/sin in the model dtype before it calls the
 layer, so this route computes in fp32 on HF's tables; ropewkv.patch.transformers also swaps the tables for exact ones.
+Not every function registered under that name is HF's rotate_half RoPE (GPT-OSS's is not): the layer probes each once
+and runs HF's own function where the probe fails (rotary/layers.py).
 """
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ class RotaryEmbedding(torch.nn.Module):
             original_max_position_embeddings).
         interleaved: GPT-J pairs (x[2i], x[2i+1]) instead of NeoX halves.
     Attributes:
-        inv_freq: fp32 [dim/2] buffer (non-persistent, as in HF); attention_scaling: float multiplying cos and sin.
+        inv_freq: fp32 [dim/2] buffer (non-persistent, as in HF), fp32 through module casts (model.to(torch.bfloat16),
+            .half()), which move it only; attention_scaling: float multiplying cos and sin.
 
     Dynamic NTK and longrope depend on the current sequence length (max position + 1), exactly as HF's
     dynamic_rope_update: dynamic regrows inv_freq when the length exceeds what it has seen and resets below
@@ -46,6 +47,15 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.original_inv_freq = inv_freq
         self.max_seq_len_cached = max_position_embeddings
+
+    def _apply(self, fn, recurse=True):
+        # A cast would round the frequencies (bf16 inv_freq: angles off by whole radians at position 4000); keep the
+        # fp32 values, on the device fn moved the buffer to.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != inv_freq.dtype:
+            self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
 
     def _update_for(self, seq_len: int) -> None:
         if self.rope_type == "dynamic":

@@ -25,7 +25,8 @@ def fla(module: Optional[types.ModuleType] = None) -> PatchHandle:
             fla.ops.rwkv7 get ours. Raises ModuleNotFoundError if fla is not installed.
             A module: rebind those names in that module only (FLA itself need not be installed).
     Returns:
-        a PatchHandle (undo(), or use it as a context manager).
+        a PatchHandle (undo(), or use it as a context manager). Names another active handle patched are left to it
+        and listed in handle.skipped.
     """
     from ..compat import fla as compat
 
@@ -38,12 +39,13 @@ def fla(module: Optional[types.ModuleType] = None) -> PatchHandle:
         originals = {name: getattr(ops, name) for name in FUNCTIONS}
         targets = [importlib.import_module(name) for name in FLA_MODULES]
         # vars(), not getattr: a lazy module's __getattr__ could import things.
+        # Once patched, FLA's names hold ours: compat itself is then a holder, but not a target.
         targets += [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType) and m not in targets
-                    and any(vars(m).get(f) is originals[f] for f in FUNCTIONS)]
+                    and m is not compat and any(vars(m).get(f) is originals[f] for f in FUNCTIONS)]
     for target in targets:
         for name, original in originals.items():
-            if vars(target).get(name) is original:
+            if vars(target).get(name) is original and not handle._taken(target, name, getattr(compat, name)):
                 handle._replace(target, name, getattr(compat, name))
-    if not handle.patched:
+    if not handle.patched and not handle.skipped:
         handle.skipped[getattr(module, "__name__", "fla")] = f"holds none of {FUNCTIONS}"
     return handle

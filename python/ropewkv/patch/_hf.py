@@ -37,6 +37,12 @@ DEFAULT_MODELS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", 
                   "granite", "olmo", "olmo2", "phi3", "gpt_neox", "starcoder2", "stablelm", "qwen2_vl", "qwen2_5_vl",
                   "qwen3_vl")
 FUNCTION = "apply_rotary_pos_emb"
+# The modules whose rotary tables may be swapped for exact fp32 ones: those of DEFAULT_MODELS, each checked to hand its
+# tables to apply_rotary_pos_emb alone (tests/test_patch_transformers.py scans their sources). Elsewhere another
+# function may read the same tables in the model's dtype (Youtu's MLA rotates with apply_rotary_pos_emb_interleave,
+# which fp32 tables turn into an fp32 key beside a bf16 value: attention raises). An allowlist, not a scan of each
+# module for other consumers: a scan can only guess at what reads cos/sin, and a wrong guess is a silent error.
+EXACT_TABLE_MODULES = frozenset(f"transformers.models.{model}.modeling_{model}" for model in DEFAULT_MODELS)
 ROTARY_SUFFIX = "RotaryEmbedding"
 # The table layouts a rotary module may compose: plain RoPE, or M-RoPE from [3, B, S] positions in chunked
 # (Qwen2/2.5-VL) or interleaved (Qwen3-VL) sections.
@@ -60,17 +66,41 @@ def _probe(function) -> Optional[str]:
     return None
 
 
-def _hf_replacement(precision: Optional[str], backend: str):
+def _hf_replacement(precision: Optional[str], backend: str, upcast: bool = False):
+    """ropewkv's apply_rotary_pos_emb with these settings. upcast: rotate q and k in the wider of their dtype and the
+    tables' and round the result once to their dtype, as OLMo's function does (see _computes_in_table_dtype)."""
     from ..ops import rope as rope_ops
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         # Looked up at call time so that ops-level instrumentation (and tests counting calls) sees every call.
-        return rope_ops.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim, precision=precision,
-                                              backend=backend)
+        if not upcast:
+            return rope_ops.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim, precision=precision,
+                                                  backend=backend)
+        wide = torch.promote_types(q.dtype, cos.dtype)
+        q_embed, k_embed = rope_ops.apply_rotary_pos_emb(q.to(wide), k.to(wide), cos, sin, unsqueeze_dim,
+                                                         precision=precision, backend=backend)
+        return q_embed.to(q.dtype), k_embed.to(k.dtype)
 
-    apply_rotary_pos_emb.__doc__ = f"ropewkv's fused apply_rotary_pos_emb (precision={precision!r}, backend={backend!r})."
+    apply_rotary_pos_emb.__doc__ = (f"ropewkv's fused apply_rotary_pos_emb (precision={precision!r}, "
+                                    f"backend={backend!r}, upcast={upcast}).")
     apply_rotary_pos_emb._ropewkv = True
     return apply_rotary_pos_emb
+
+
+def _computes_in_table_dtype(function) -> bool:
+    """True if `function`, given bf16 q, k and fp32 tables, returns HF's formula computed in fp32 and rounded once to
+    bf16, bit for bit (what _hf_replacement(upcast=True) computes): OLMo's and OLMo2's, whose rotary modules return
+    fp32 tables in a bf16 model. HF's Llama-style function returns fp32 there (its tables are in the model's dtype)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 16, 8, generator=generator).to(torch.bfloat16) for _ in range(2))
+    angle = torch.rand(1, 16, 4, generator=generator) * 16
+    cos, sin = torch.cat((angle.cos(), angle.cos()), -1), torch.cat((angle.sin(), angle.sin()), -1)
+    try:
+        got = function(q, k, cos, sin)
+    except Exception:  # _probe accepted it in fp64; failing on mixed dtypes, it does not compute in fp32 either
+        return False
+    want = hf_apply_rotary_pos_emb(q.float(), k.float(), cos, sin)
+    return all(g.dtype == torch.bfloat16 and torch.equal(g, w.to(torch.bfloat16)) for g, w in zip(got, want))
 
 
 def exact_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float, layout: str,
@@ -136,12 +166,17 @@ def _probe_rotary(cls) -> tuple[Optional[str], Optional[str]]:
 
 
 def _patch_rotary_modules(module: types.ModuleType, handle: PatchHandle) -> None:
-    """Replace the forward of every rotary module class defined in `module` whose tables the probe recognises."""
+    """Replace the forward of every rotary module class defined in `module` whose tables the probe recognises, if
+    `module` is one of EXACT_TABLE_MODULES."""
     for name, cls in list(vars(module).items()):
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and name.endswith(ROTARY_SUFFIX)
                 and cls.__module__ == module.__name__):
             continue
-        layout, why = _probe_rotary(cls)
+        if module.__name__ in EXACT_TABLE_MODULES:
+            layout, why = _probe_rotary(cls)
+        else:
+            layout, why = None, ("HF's tables kept: not an architecture verified to read them with "
+                                 f"{FUNCTION} alone (see EXACT_TABLE_MODULES)")
         if layout is None:
             handle.skipped[f"{module.__name__}.{name}"] = why
         else:
@@ -186,14 +221,19 @@ def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType]
         rope: swap `apply_rotary_pos_emb` for ropewkv.apply_rotary_pos_emb (same signature and semantics, partial
             rotary included). Each candidate is first probed in fp64 against HF's formula; modules whose function
             computes something else (e.g. interleaved RoPE) are skipped and listed in handle.skipped. At precision
-            "fp32", the rotary module classes (`*RotaryEmbedding`) of every module so patched are swapped too, for
-            exact fp32 tables (plain RoPE, and M-RoPE: Qwen2-VL / Qwen2.5-VL sections, Qwen3-VL interleaved), each
-            probed against HF's own forward first; unrecognised ones are listed in handle.skipped.
+            "fp32", the rotary module classes (`*RotaryEmbedding`) of every DEFAULT_MODELS module so patched are
+            swapped too, for exact fp32 tables (plain RoPE, and M-RoPE: Qwen2-VL / Qwen2.5-VL sections, Qwen3-VL
+            interleaved), each probed against HF's own forward first; unrecognised ones, and those of other
+            architectures (whose tables may have other readers, see EXACT_TABLE_MODULES), are listed in
+            handle.skipped. Whatever another active handle patched is left to it (listed in handle.skipped).
         rwkv7: swap HF's RWKV-7 time-mix kernel, if the installed transformers has an RWKV-7 model. transformers
             5.23 has none (only RWKV v4): then nothing is patched and handle.skipped says so.
         precision: None (the build default, "fp32") or "fp32": exact angles end to end: fp32 tables of exact angles
             from the swapped rotary modules, fp32 math, one rounding to q's dtype (0.5 ulp in a bf16 model, at any
-            position). "bf16": HF's own tables and HF's eager arithmetic in the model's dtype, bit for bit.
+            position). "bf16": HF's own tables and HF's eager arithmetic, bit for bit: in the model's dtype, or, where
+            the module's function computes in its fp32 tables' dtype and rounds once (OLMo, OLMo2; found by a probe),
+            as it does. Not bit for bit with qk_norm=True in Qwen3 / Qwen3-MoE: the fused q/k RMSNorm sums its
+            statistics in another order (a few fp32 ulps of HF, which a bf16 rounding can carry to one bf16 ulp).
         qk_norm: with rope, also fuse q_norm / k_norm with RoPE in Qwen3 / Qwen3-MoE attention (ropewkv.qk_norm_rope;
             one pass over q and k instead of three). False: those models call the swapped apply_rotary_pos_emb.
         backend: passed to every call ("auto": cuda, then triton, for CUDA tensors; cpu for CPU tensors).
@@ -205,18 +245,22 @@ def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType]
     if rope and qk_norm:
         _hf_qk_norm.patch_qk_norm(model_or_module, handle, precision, backend)  # Qwen3: q/k norm + RoPE fused
     if rope:
-        replacement = _hf_replacement(precision, backend)
         exact_tables = _backend.resolve_precision(precision) == "fp32"
+        replacements = {upcast: _hf_replacement(precision, backend, upcast) for upcast in (False, True)}
         for module in _candidate_modules(model_or_module, handle):
             function = getattr(module, FUNCTION, None)
             if function is None:
                 handle.skipped[module.__name__] = f"has no {FUNCTION}"
                 continue
+            if handle._taken(module, FUNCTION):  # its rotary modules are that handle's too
+                continue
             why = _probe(function)
             if why is not None:  # its rotary modules stay HF's too: fp32 tables would make HF's eager math fp32
                 handle.skipped[f"{module.__name__}.{FUNCTION}"] = why
                 continue
-            handle._replace(module, FUNCTION, replacement)
+            # HF's tables and arithmetic: where HF computes in its fp32 tables' dtype (OLMo), so do we
+            upcast = not exact_tables and _computes_in_table_dtype(function)
+            handle._replace(module, FUNCTION, replacements[upcast])
             if exact_tables:
                 _patch_rotary_modules(module, handle)
     if rwkv7:

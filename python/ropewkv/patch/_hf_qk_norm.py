@@ -111,7 +111,7 @@ def patch_qk_norm(model_or_module, handle: PatchHandle, precision: Optional[str]
     ATTENTION_CLASSES); records what it patched or skipped in `handle`."""
     forward = _fused_forward(precision, backend)
     for module, cls in _targets(model_or_module, handle):
-        if getattr(cls.forward, "_ropewkv", False):
+        if handle._taken(cls, "forward"):  # another handle's fused forward, with its own precision and backend
             continue
         why = _probe(cls, module, _fused_forward("fp32", "auto"))  # structure only, on the CPU in fp64
         if why is None:
