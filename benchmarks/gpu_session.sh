@@ -7,13 +7,17 @@
 #   torch.compile) -> parity on cuda and triton -> WKV7 decode and log-decay rows -> host overhead at decode -> FLA's
 #   WKV7 training rows (its autotuning on first use costs minutes, so it runs after our rows, not among them) -> the
 #   other WKV7 rows (torch.compile, the eager-sized shape) -> the other RoPE rows -> pytest, one step per test
-#   file (tests/test_*.py: a new file is picked up), each under pytest-timeout.
+#   file that runs on the GPU (GPU_TESTS below; a new tests/test_*.py fails tests/test_gpu_session.py until it is put
+#   in GPU_TESTS or HOST_TESTS), each under pytest-timeout.
 # PLAN=tests: env -> wheels -> build -> the pytest steps alone (a second call, when the first ran out of time for them).
 # PLAN=sanitize: env -> build -> compute-sanitizer memcheck, racecheck, initcheck and synccheck, all four at once (one
 #   process each on the one GPU, each its own log, the logs appended to session.log when all are done) over SAN_TESTS
 #   (a handful of small named tests that reach every CUDA kernel). SAN_TOOLS picks the tools. A second call: the build
 #   is reused while the machine is warm.
-# PLAN=checks: env -> build -> benchmarks/gpu_checks.sh (edge shapes, reliability tests, sanitizers over them).
+# PLAN=checks: env -> build -> benchmarks/gpu_checks.sh (the segfault's backtrace, edge shapes, reliability tests,
+#   sanitizers over the CUDA edge cases). Name its steps in CHECKS: `PLAN=checks CHECKS=backtrace,edges` (its default,
+#   390 s of limits, fits a cold call), then on the warm machine `PLAN=checks
+#   CHECKS=reliability,memcheck,racecheck,initcheck,synccheck` (300 s); it clips its steps to this step's limit.
 #
 # The time plan: each step has a budget (seconds, measured in benchmarks/NOTES.md); a step runs under
 # min(budget, time left before TOTAL_S), is killed at that limit, and the steps after it still run while time is left,
@@ -28,16 +32,19 @@
 # Knobs (environment): PLAN, STEPS (comma list: only these steps of the plan), TOTAL_S (default 540, inside the tool's
 # 600 s), SAN_TOOLS (PLAN=sanitize: the tools, space-separated; default all four), DEVICE (cuda; cpu: a dry run of the
 # same plumbing on a machine without a GPU, as tests/test_gpu_session.py runs it), TESTS (test files, default
-# tests/test_*.py), TEST_TIMEOUT_S (per test, default 120), BENCH_ARGS (extra arguments for every benchmark, e.g.
+# GPU_TESTS), TEST_TIMEOUT_S (per test, default 120), BENCH_ARGS (extra arguments for every benchmark, e.g.
 # --quick), PLOT=0 (no PNGs), PYTHON (default python3), ROPEWKV_COMMIT (the commit printed in the tables: the copy may
 # have no .git), TORCH_CUDA_ARCH_LIST (default 9.0a: H100/H200 only).
 set -u -o pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 ROOT=$PWD
 OUT=${OUT:-$ROOT/build/gpu-session/out}
-WORK=$ROOT/build/gpu-session/work  # the benchmarks' own files; published to $OUT after every step
-rm -rf "$WORK"
-mkdir -p "$OUT" "$WORK" "$ROOT/build/tmp"
+mkdir -p "$OUT" "$ROOT/build/gpu-session" "$ROOT/build/tmp"
+# The benchmarks' own files, published to $OUT after every step: a folder of this run's own, removed at its end. Never
+# a shared path (nor an inherited $WORK, which this script exports): a dry run inside a session (tests/
+# test_gpu_session.py on the GPU machine) once wiped the session's folder and left its CPU rows there to be published.
+WORK=$(mktemp -d "$ROOT/build/gpu-session/work.XXXXXX") || exit
+trap 'rm -rf "$WORK"' EXIT
 PLAN=${PLAN:-main}
 DEVICE=${DEVICE:-cuda}
 TOTAL_S=${TOTAL_S:-540}
@@ -59,6 +66,31 @@ SAN_TESTS=(
     "tests/test_wkv7_chunked.py::test_matches_fp64_reference[varlen-N32-raw]"
     "tests/test_wkv7_chunked.py::test_matches_fp64_reference[T16-N64-no-state-log]"
     "tests/test_wkv7_chunked.py::test_low_precision_io[dtype3-bf16]"  # the CUDA chunked forward's mma form
+)
+# The default TESTS: the files that run something on a CUDA device when one is present (the `device` fixture, which is
+# the GPU there, or CUDA tensors of their own), most telling first: the kernels' parity, the reliability tests, then the
+# integrations (patched models, compat layers, the demo). tests/gpu_edge_cases.py last: gpu_checks.sh runs it too.
+GPU_TESTS=(
+    tests/test_rope.py tests/test_wkv7.py tests/test_wkv7_chunked.py tests/test_decay.py tests/test_qk_norm_rope.py
+    tests/test_wkv7_triton.py tests/test_triton_rope_kernel.py tests/test_rope_mrope.py tests/test_rope_precision.py
+    tests/test_rope_angle.py tests/test_wkv7_conventions.py tests/test_wkv7_triton_bounds.py tests/test_host_fast_path.py
+    tests/test_bad_input.py tests/test_determinism.py tests/test_fuzz.py
+    tests/test_nn_rwkv7.py tests/test_patch_transformers.py tests/test_patch_qk_norm.py tests/test_patch_fla.py
+    tests/test_compat_fla.py tests/test_compat_serving.py tests/test_hub_kernels.py tests/test_demo.py
+    tests/test_reference.py
+    tests/gpu_edge_cases.py
+)
+# Never worth GPU time: the host emulations of the CUDA kernels, compile-only checks (nvcc, Triton for sm_90 without a
+# GPU), CPU-only runs (the benchmarks' CPU smoke tests, gloo, the README's examples, meta-device and CPU model tests)
+# and these scripts' own tests. tests/test_gpu_session.py checks that every tests/test_*.py is in one list or the
+# other, and that each file using the `device` fixture is in GPU_TESTS.
+# shellcheck disable=SC2034  # read by tests/test_gpu_session.py, not here
+HOST_TESTS=(
+    tests/test_benchmarks.py tests/test_build.py tests/test_cuda_block_on_host.py tests/test_distributed.py
+    tests/test_gpu_session.py tests/test_mma_bf16_on_host.py tests/test_nn_rotary.py tests/test_patch_exact_angles.py
+    tests/test_readme.py tests/test_rope_cuda_on_host.py tests/test_rope_thread_map.py tests/test_setup_venv.py
+    tests/test_static_report.py tests/test_triton_compile.py tests/test_wkv7_chunked_cuda_on_host.py
+    tests/test_wkv7_cuda_dtypes.py tests/test_wkv7_cuda_on_host.py tests/test_wkv7_step_lanes.py
 )
 export PY DEVICE WORK OUT PYTHONUNBUFFERED=1 ROPEWKV_FAILURES_NOW=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export TMPDIR=$ROOT/build/tmp TRITON_CACHE_DIR=$ROOT/build/triton TORCHINDUCTOR_CACHE_DIR=$ROOT/build/inductor
@@ -161,10 +193,18 @@ checks() {
 
 # results.md from the benchmark tables so far, and the JSON/PNG files, into $OUT.
 publish() {
+    # The JSON is rewritten after every row, the .md only when a benchmark finishes: a step cut short after one that
+    # finished leaves the earlier table beside a JSON that says "complete": false.
     {
         echo "# GPU session results: $(date -u '+%Y-%m-%d %H:%M UTC'), PLAN=$PLAN, DEVICE=$DEVICE"
         for name in rwkv7 rope host_overhead; do
-            if [[ -f $WORK/$name.md ]]; then
+            if [[ -f $WORK/$name.json ]] && grep -E -q '"complete": *false' "$WORK/$name.json"; then
+                echo; echo "## $name: cut short, its rows so far are in $name.json"
+                if [[ -f $WORK/$name.md ]]; then
+                    echo; echo "The table below is an earlier step's, which finished; the rows since are in $name.json alone."
+                    echo; cat "$WORK/$name.md"
+                fi
+            elif [[ -f $WORK/$name.md ]]; then
                 echo; cat "$WORK/$name.md"
             elif [[ -f $WORK/$name.json ]]; then
                 echo; echo "## $name: cut short, its rows so far are in $name.json"
@@ -205,7 +245,7 @@ main | tests)
         plan rwkv7-rest 120 "$PY" benchmarks/rwkv7.py "${BENCH[@]}" --append
         plan rope-rest 90 "$PY" benchmarks/rope.py "${BENCH[@]}" --append
     fi
-    for file in ${TESTS:-tests/test_*.py}; do
+    for file in ${TESTS:-${GPU_TESTS[*]}}; do
         plan "pytest $file" 120 "$PY" -m pytest -q -p no:cacheprovider --timeout="$TEST_TIMEOUT_S" "$file"
     done
     ;;
@@ -215,7 +255,9 @@ sanitize)
     ;;
 checks)
     plan build 120 build
-    plan checks 520 checks  # gpu_checks.sh's limits add to 630 s: set CHECKS (e.g. edges,backtrace) to fit; on a warm machine
+    # gpu_checks.sh's limits add to 690 s: its default CHECKS (backtrace,edges: 390 s) fits the ~450 s left on a cold
+    # machine; it stops its steps 15 s before this step's limit (STEP_LIMIT_S), so that its summary is written.
+    plan checks 520 checks
     ;;
 *)
     echo "PLAN must be main, tests, sanitize or checks, got $PLAN" >&2
@@ -227,6 +269,7 @@ total=0
 for budget in "${BUDGETS[@]}"; do total=$((total + budget)); done
 {
     echo "## GPU session plan (PLAN=$PLAN, DEVICE=$DEVICE, TOTAL_S=$TOTAL_S, budgets add to ${total}s)"
+    echo "work folder (this run's, removed at its end): $WORK"
     for i in "${!NAMES[@]}"; do echo "- ${NAMES[i]}: ${BUDGETS[i]}s"; done
 } | tee "$LOG"
 

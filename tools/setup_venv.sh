@@ -60,7 +60,10 @@ missing() {
 import sys
 from importlib import metadata
 
-from pip._vendor.packaging.requirements import Requirement
+try:
+    from pip._vendor.packaging.requirements import Requirement
+except ImportError:  # no pip importable here (a venv without one): packaging itself, where installed
+    from packaging.requirements import Requirement
 
 reuse = sys.argv[1] == "1"
 for line in sys.argv[2:]:
@@ -87,9 +90,17 @@ if ((plan)); then
   exit 0
 fi
 
+# `venv` installs pip with ensurepip, which Debian and Ubuntu ship apart (python3.X-venv): the GPU machines' Ubuntu
+# python may lack it, and has no network to get it. Without it the venv gets no pip of its own: reusing a python, the
+# parent's pip stays importable through the parent's site-packages, and every pip below runs as `python -m pip`.
 if [[ ! -x $venv/bin/python ]]; then
+  venv_args=()
+  if ! "$python" -c "import ensurepip" 2>/dev/null; then
+    venv_args=(--without-pip)
+    echo "setup: $python has no ensurepip (Debian/Ubuntu: the python3.X-venv package): the venv gets no pip of its own"
+  fi
   if ((reuse)); then
-    "$python" -m venv --system-site-packages "$venv"
+    "$python" -m venv --system-site-packages "${venv_args[@]}" "$venv"
     # The found python's own site-packages, .pth files included, when it is itself a venv.
     "$python" - "$venv" <<'EOF'
 import os, subprocess, sys, sysconfig
@@ -103,18 +114,29 @@ if sys.prefix != sys.base_prefix:
 EOF
     touch "$venv/.ropewkv-reuses-torch"
   else
-    "$python" -m venv "$venv"
+    "$python" -m venv "${venv_args[@]}" "$venv"
+    if ((${#venv_args[@]})); then
+      # A venv of its own needs a pip of its own: the parent's pip installs one into it (pip >= 22.3: --python).
+      "$python" -m pip --python "$venv/bin/python" install -q pip || {
+        echo "setup: no pip for $venv: install python3.X-venv, or name a python with pip or torch" >&2
+        exit 1
+      }
+    fi
   fi
 fi
 
-mapfile -t install < <(missing "$reuse" "$venv/bin/python" "${PACKAGES[@]}")
+# $(...), not <(...): a missing() that fails (neither pip nor packaging importable) stops the script (set -e) instead of
+# reading as "nothing to install".
+list=$(missing "$reuse" "$venv/bin/python" "${PACKAGES[@]}")
+mapfile -t install < <(grep . <<<"$list" || true)
 if ((${#install[@]})); then
   echo "setup: installing ${install[*]}"
   "$venv/bin/python" -m pip install -q "${install[@]}"
 fi
 # The peers the tests run against (pure Python). Where no index is reachable (the GPU machines) they may be missing:
 # the tests against them then skip, saying why.
-mapfile -t peers < <(missing 0 "$venv/bin/python" "${PEERS[@]}")
+list=$(missing 0 "$venv/bin/python" "${PEERS[@]}")
+mapfile -t peers < <(grep . <<<"$list" || true)
 if ((${#peers[@]})) && ! "$venv/bin/python" -m pip install -q --retries 0 --timeout 15 "${peers[@]}"; then
   echo "setup: could not install ${peers[*]}: the tests against them skip"
 fi
