@@ -128,13 +128,16 @@ def test_hf_tables_mode_is_bit_identical_in_fp32(arch, device, count_calls):
                 assert torch.equal(got_grads[name], grad), (backend, name)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_bf16_mode_is_bit_equal_to_hf_eager_bf16(arch, count_calls):
+# OLMo's and OLMo2's rotary modules return fp32 tables in a bf16 model, and their apply_rotary_pos_emb computes in
+# fp32 and rounds once to bf16: positions from 1000, where rounding the tables to bf16 first would show.
+@pytest.mark.parametrize("arch, start", [(arch, 0) for arch in ARCHS] + [("olmo", 1000), ("olmo2", 1000)])
+def test_bf16_mode_is_bit_equal_to_hf_eager_bf16(arch, start, count_calls):
     """HF: cos/sin in fp32, cast to bf16, then q*cos + rotate_half(q)*sin in bf16 arithmetic (each op rounded to
-    bf16); precision="bf16" performs the same roundings, so every logit must be bit-equal."""
+    bf16), or, where its function computes in its fp32 tables' dtype (OLMo), in fp32 rounded once; precision="bf16"
+    performs the same roundings (a probe tells which), so every logit must be bit-equal."""
     model = tiny_model(arch, dtype=torch.bfloat16)
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(2))
-    positions = positions_for(arch, 2, 24)
+    positions = positions_for(arch, 2, 24, start=start)
     with torch.no_grad():
         want = model(input_ids=ids, position_ids=positions).logits
         with ropewkv.patch.transformers(model, precision="bf16", qk_norm=False):
@@ -267,22 +270,6 @@ def test_undo_leaves_an_attribute_rebound_since_and_warns():
     with pytest.warns(RuntimeWarning, match="rebound"):
         handle.undo()
     assert module.apply_rotary_pos_emb is someone_elses
-
-
-@pytest.mark.parametrize("arch", ["olmo", "olmo2"])
-def test_bf16_mode_is_bit_equal_where_hf_rotates_in_fp32(arch, count_calls):
-    """OLMo's and OLMo2's rotary modules return fp32 tables in a bf16 model, and their apply_rotary_pos_emb computes
-    in fp32 and rounds once to bf16. precision="bf16" (HF's arithmetic) finds that by a probe and does the same, so
-    every logit is bit-equal, at positions where rounding the tables to bf16 first would not be."""
-    model = tiny_model(arch, dtype=torch.bfloat16)
-    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(2))
-    positions = positions_for(arch, 2, 24, start=1000)
-    with torch.no_grad():
-        want = model(input_ids=ids, position_ids=positions).logits
-        with ropewkv.patch.transformers(model, precision="bf16", rwkv7=False):
-            got = model(input_ids=ids, position_ids=positions).logits
-    assert count_calls == ["bf16"] * LAYERS
-    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("rope_interleave", [True, False])
