@@ -67,6 +67,22 @@ def test_matches_fp64_reference(device, case, decay):
         _check(_run(backend, inputs, decay, "fp32", cot_y, cot_s, cu), reference, FP32_RMS, (backend, case, decay))
 
 
+def test_decays_that_underflow_get_a_zero_gradient(device):
+    """loglog w >= 4.7 gives a decay of 0 in fp32, and w's gradient d dL/dd d(log d)/dw is then 0. The chunked forms
+    build dL/d(log d) from cumulative sums, exact only to ~1e-7 of their size, and d(log d)/dw = -e^w (-1e13 at
+    w = 30) multiplied that up to ~1e7; they give 0 there, as the sequential forms do."""
+    gen = seeded(43)
+    inputs = parity.rwkv7_inputs(1, 24, 1, 32, torch.float32, "loglog", gen, device, True)
+    inputs["w"][:, 2, :, :3] = 30.0
+    inputs["w"][:, 17, :, 5] = 10.0
+    cot_y, cot_s = parity.cotangents(inputs, 1, gen, device)
+    reference = parity.oracle(inputs, "loglog", cot_y, cot_s)
+    for backend in kernel_backends(device):
+        result = _run(backend, inputs, "loglog", "fp32", cot_y, cot_s)
+        assert (result[2]["w"][:, 2, :, :3] == 0).all() and (result[2]["w"][:, 17, :, 5] == 0).all(), backend
+        _check(result, reference, FP32_RMS, backend)
+
+
 @pytest.mark.parametrize("precision", ("fp32", "bf16"))
 def test_triton_state_columns_split_over_programs(device, monkeypatch, precision):
     """The Triton forward's second kernel with a head's state columns over two programs (VALUE_BLOCK 16 at N = 32;

@@ -775,7 +775,7 @@ __device__ __forceinline__ void column_stores(const Params& p, TokenIndex at, in
     const int64_t idx = at(q + l) + j;
     gk[idx] = wkv7::store<io_t, P>(s.dk[l]);
     gb[idx] = wkv7::store<io_t, P>(s.db[l]);
-    gw[idx] = wkv7::store<w_t, kW>(dlog * wkv7::log_decay_grad(wkv7::load<kW>(w[idx]), decay));
+    gw[idx] = wkv7::store<w_t, kW>(wkv7::chunked_w_grad(dlog, wkv7::log_decay_grad(wkv7::load<kW>(w[idx]), decay)));
   }
 }
 

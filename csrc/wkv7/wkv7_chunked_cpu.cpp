@@ -242,7 +242,8 @@ void backward_impl(const wkv7::Inputs& in, Decay decay, const at::Tensor& grad_y
           }
           for (int64_t j = 0; j < n; ++j) {
             const int64_t o = (pad + l) * n + j;
-            grad_w[base + j] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(compute_t<w_t>(g.dlogd[o] * ch.dlog[o]));
+            grad_w[base + j] = wkv7::store<w_t, wkv7::kDecayMode<P, io_t>>(
+                compute_t<w_t>(wkv7::chunked_w_grad(g.dlogd[o], ch.dlog[o])));
           }
         }
         chunk_end = q;

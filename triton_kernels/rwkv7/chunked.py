@@ -571,7 +571,9 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         dlogd = (tl.cumsum(dca, axis=0, reverse=True) + tl.cumsum(dcb, axis=0, reverse=True) - dcb
                  + dclast[None, :])
         _store_rows(dr_ptr + row0 + j0, rows_at_i, dr, LOW_PRECISION, valid)
-        _store_rows(dw_ptr + row0 + j0, rows_at_i, dlogd * dlog, LOW_PRECISION, valid)
+        # 0 where dlog < -87 (loglog's log d: d below fp32's smallest normal), whose -e^w (-1e13 at w = 30) would
+        # multiply the cumulative sums' rounding up (wkv7::chunked_w_grad).
+        _store_rows(dw_ptr + row0 + j0, rows_at_i, tl.where(dlog < -87.0, 0.0, dlogd * dlog), LOW_PRECISION, valid)
         _store_rows(dk_ptr + row0 + j0, rows_at_i, dk, LOW_PRECISION, valid)
         _store_rows(da_ptr + row0 + j0, rows_at_i, da, LOW_PRECISION, valid)
         _store_rows(db_ptr + row0 + j0, rows_at_i, db, LOW_PRECISION, valid)

@@ -108,6 +108,15 @@ ROPEWKV_HD acc_t decay_of(acc_t w, Decay decay) {
   return exp_(log_decay(w, decay));
 }
 
+// dL/dw from g = dL/d(log d) as the chunked forms build it (a sum of cumulative-decay cotangents, exact only to ~1e-7
+// of their size) and dlog = d(log d)/dw. Only loglog's dlog can fall below -87: it is log d there, so d is under fp32's
+// smallest normal and the true gradient, d dL/dd dlog, negligible, while g's rounding times dlog = -e^w (-1e13 at
+// w = 30) would reach ~1e7. 0 there, as the sequential forms give (to within 1e-36 of dL/dd).
+template <typename acc_t>
+ROPEWKV_HD acc_t chunked_w_grad(acc_t g, acc_t dlog) {
+  return dlog < acc_t(-87) ? acc_t(0) : g * dlog;
+}
+
 template <typename acc_t>
 ROPEWKV_HD acc_t dot(const acc_t* x, const acc_t* y, int n) {
   acc_t sum = acc_t(0);
