@@ -1,5 +1,6 @@
 """ropewkv.nn.RotaryEmbedding inside a model that is cast: its frequencies stay fp32 (a bf16 inv_freq is off by up to
-2^-9 of each frequency, whole radians of angle at position 4000), while a device move still moves them."""
+2^-9 of each frequency, whole radians of angle at position 4000), while a device move still moves them; and its
+dynamic NTK regrowth bit-equal to HF's module."""
 import pytest
 import torch
 
@@ -50,3 +51,22 @@ def test_state_dict_round_trip():
     assert not any("inv_freq" in name for name in state)
     fresh.load_state_dict(state)
     assert torch.equal(fresh[0].inv_freq, rotary("default").inv_freq) and fresh[0].inv_freq.dtype == torch.float32
+
+
+def test_dynamic_regrowth_is_bit_equal_to_hf_module():
+    """HF's module regrows dynamic NTK's base from an int64 tensor (fp32 arithmetic), its init function from an int
+    (fp64): past ~40k positions the two differ, and the module is what a model runs."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=256, num_attention_heads=8, head_dim=32, max_position_embeddings=2048,
+                         rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0})
+    for length in (3000, 40001):
+        hf = LlamaRotaryEmbedding(config)
+        positions = torch.arange(length)[None]
+        hf(torch.zeros(1, length, 8, 32), positions)
+        ours = ropewkv.nn.RotaryEmbedding(32, 10000.0, {"rope_type": "dynamic", "factor": 2.0},
+                                          max_position_embeddings=2048)
+        q = torch.zeros(1, length, 1, 32)
+        ours(q, q, positions=positions)
+        assert torch.equal(ours.inv_freq, hf.inv_freq), length

@@ -7,7 +7,7 @@ the rope_scaling dict (HF's rope_parameters without rope_theta). It returns (inv
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -26,7 +26,9 @@ def linear(dim, base, params, max_pos, seq_len):
 
 
 def dynamic(dim, base, params, max_pos, seq_len):
-    """NTK-aware: the base grows with the current sequence length past max_position_embeddings."""
+    """NTK-aware: the base grows with the current sequence length past max_position_embeddings. seq_len as HF's
+    callers pass it: an int (the init function: fp64 arithmetic) or an int64 tensor (its module's dynamic update: the
+    new base in fp32)."""
     factor = params["factor"]
     seq_len = max_pos if seq_len is None else max(seq_len, max_pos)
     base = base * ((factor * seq_len / max_pos) - (factor - 1)) ** (dim / (dim - 2))
@@ -101,8 +103,10 @@ ROPE_TYPES = {"default": default, "linear": linear, "dynamic": dynamic, "yarn": 
 
 
 def compute_inv_freq(dim: int, base: float = 10000.0, rope_scaling: Optional[dict] = None,
-                     max_position_embeddings: Optional[int] = None, seq_len: Optional[int] = None):
-    """(inv_freq fp32 [dim/2], attention_scaling) for HF's rope_scaling dict (None: default RoPE)."""
+                     max_position_embeddings: Optional[int] = None,
+                     seq_len: Union[int, torch.Tensor, None] = None):
+    """(inv_freq fp32 [dim/2], attention_scaling) for HF's rope_scaling dict (None: default RoPE). seq_len: an int, or
+    an int64 0-d tensor as HF's rotary modules pass it to dynamic NTK (see dynamic)."""
     params = dict(rope_scaling or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:

@@ -59,9 +59,10 @@ class RotaryEmbedding(torch.nn.Module):
 
     def _update_for(self, seq_len: int) -> None:
         if self.rope_type == "dynamic":
-            if seq_len > self.max_seq_len_cached:  # growth
+            if seq_len > self.max_seq_len_cached:  # growth, from an int64 tensor as HF's module (fp32 arithmetic)
                 inv_freq, self.attention_scaling = compute_inv_freq(self.dim, self.base, self.rope_scaling,
-                                                                    self.max_position_embeddings, seq_len)
+                                                                    self.max_position_embeddings,
+                                                                    torch.tensor(seq_len))
                 self.inv_freq = inv_freq.to(self.inv_freq.device)
                 self.max_seq_len_cached = seq_len
             if seq_len < self.max_position_embeddings < self.max_seq_len_cached:  # reset
