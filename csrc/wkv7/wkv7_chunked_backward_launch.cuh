@@ -6,6 +6,11 @@
 
 namespace ropewkv::cuda {
 
+template <int N>
+int wkv7_chunked_backward_shared_bytes() {
+  return int(sizeof(wkv7_chunked_detail::GradientShared<N>));
+}
+
 template <int N, DecayStorage W>
 cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7BackwardParams& p, cudaStream_t stream) {
   using namespace wkv7_chunked_detail;
@@ -13,7 +18,7 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
   const int64_t tasks = p.size.n_seqs * p.size.heads, windows = p.size.batch * p.size.chunks * p.size.heads;
   if (tasks == 0) return cudaSuccess;
   if (tasks > 0x7fffffff || windows > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  constexpr int kShared = int(sizeof(GradientShared<N>));
+  const int shared = wkv7_chunked_backward_shared_bytes<N>();  // the glue checks it against the device first
   cudaError_t status = cudaSuccess;
   const cudaError_t dispatched = dispatch_wkv7<W>(dtype, precision, [&](auto io_tag, auto w_tag, auto mode) {
     using io_t = decltype(io_tag);
@@ -25,16 +30,11 @@ cudaError_t wkv7_chunked_backward(DType dtype, Precision precision, const Wkv7Ba
     // Set on every call, as the attribute belongs to the current device's context (a once-only flag would miss the
     // second GPU of a process); it is host work of about a microsecond.
     status = cudaFuncSetAttribute(chunked_gradients_kernel<N, io_t, w_t, P>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kShared);
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
     if (status != cudaSuccess) return;
-    chunked_gradients_kernel<N, io_t, w_t, P><<<unsigned(windows), kThreads, kShared, stream>>>(p);
+    chunked_gradients_kernel<N, io_t, w_t, P><<<unsigned(windows), kThreads, shared, stream>>>(p);
   });
   return dispatched != cudaSuccess ? dispatched : status;
-}
-
-template <int N>
-int wkv7_chunked_backward_shared_bytes() {
-  return int(sizeof(wkv7_chunked_detail::GradientShared<N>));
 }
 
 #define ROPEWKV_WKV7_CHUNKED_BACKWARD_INSTANTIATE(N)                                                                \

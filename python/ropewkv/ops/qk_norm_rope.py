@@ -329,9 +329,7 @@ def qk_norm_rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, q_weight: Op
                 x4.copy_(out)
             return q if k is None else (q, k)
     elif inplace:
-        _ops(n.backend)[1](n.q4, n.k4, *n.args)
-        if n.backend != "triton":  # the C++ schema's mutation bumps no version counter outside autograd
-            torch.autograd.graph.increment_version([x for x in (q, k) if x is not None])
+        rope_ops._run_inplace_op(_ops(n.backend)[1], n, q, k)
         return q if k is None else (q, k)
     else:
         outs = _ops(n.backend)[0](n.q4, n.k4, *n.args)

@@ -184,12 +184,18 @@ class _InplaceRope(torch.autograd.Function):
         return (_from_bshd(dq, ctx.layout), None if dk is None else _from_bshd(dk, ctx.layout), None, None, None)
 
 
+def _run_inplace_op(op, n, q, k) -> None:
+    """The in-place op `op` on the normalised views n.q4, n.k4 (RoPE's or qk_norm_rope's), and q's and k's version
+    counters bumped: the C++ schema's mutation bumps none outside autograd (the Triton op's wrapper does)."""
+    op(n.q4, n.k4, *n.args)
+    if n.backend != "triton":
+        torch.autograd.graph.increment_version([x for x in (q, k) if x is not None])
+
+
 def _rope_inplace(n: "_Normalised", q, k, layout: str) -> None:
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad))
     if not needs_grad:
-        _ops(n.backend)[1](n.q4, n.k4, *n.args)
-        if n.backend != "triton":  # the C++ schema's mutation bumps no version counter outside autograd
-            torch.autograd.graph.increment_version([x for x in (q, k) if x is not None])
+        _run_inplace_op(_ops(n.backend)[1], n, q, k)
     elif k is None or not (q._is_view() or k._is_view()):
         _InplaceRope.apply(q, k, layout, n.backend, n.args)
     else:
