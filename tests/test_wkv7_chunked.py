@@ -1,6 +1,8 @@
 """The chunked WKV7 (ropewkv.wkv7(..., algorithm="chunked"), derivation in python/ropewkv/ops/rwkv7/chunked.md)
 against the fp64 reference, the sequential twin and FLA's chunk_rwkv7: forward, final state and every gradient,
 the three decay conventions, T not a multiple of the 16-token chunk, varlen, fp64 gradcheck of the CPU twin."""
+import math
+
 import pytest
 import torch
 
@@ -81,6 +83,25 @@ def test_decays_that_underflow_get_a_zero_gradient(device):
         result = _run(backend, inputs, "loglog", "fp32", cot_y, cot_s)
         assert (result[2]["w"][:, 2, :, :3] == 0).all() and (result[2]["w"][:, 17, :, 5] == 0).all(), backend
         _check(result, reference, FP32_RMS, backend)
+
+
+def test_a_vanishing_decay_costs_no_precision(device):
+    """A log decay of -100 on a chunk's first row (token 16 of 32: chunks are aligned to the sequence's end) and on
+    four keys mid-chunk. Every later pair decay of the chunk is a difference of two cumulative sums that both hold
+    the -100: in fp32 their rounding (ulp(100) = 7.6e-6) reached y at 2.3e-6 RMS and the final state at 4.6e-6 in
+    the Triton twin, 20-40x the error elsewhere. w's gradient is looser in every chunked twin: its cotangent's
+    cumulative sums' rounding times d(log d)/dw = -100 (see test_decays_that_underflow_get_a_zero_gradient)."""
+    gen = seeded(7)
+    inputs = parity.rwkv7_inputs(1, 32, 1, 32, torch.float32, "loglog", gen, device, True)
+    inputs["w"][:, 16] = math.log(100.0)
+    inputs["w"][:, 5, :, :4] = math.log(100.0)
+    cot_y, cot_s = parity.cotangents(inputs, 1, gen, device)
+    reference = parity.oracle(inputs, "loglog", cot_y, cot_s)
+    dw_reference = reference[2].pop("w")
+    for backend in kernel_backends(device):
+        y, state, grads = _run(backend, inputs, "loglog", "fp32", cot_y, cot_s)
+        assert rms_ratio(grads.pop("w"), dw_reference) < 5e-5, backend
+        _check((y, state, grads), reference, 5e-7, backend)
 
 
 @pytest.mark.parametrize("precision", ("fp32", "bf16"))

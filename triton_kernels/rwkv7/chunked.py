@@ -21,8 +21,13 @@ head at N = 64, i.e. 18 and 46 B per element of r.
 
 The masked decay products Ab, Ak, Qb, Qk are sums over broadcasts of exp(c_x - c_y) with the exponent masked to
 -inf outside x >= y (exp gives 0 there), so every decay factor formed is <= 1: no cumulative decay is divided by.
-The chunk's cumulative log decays c come from tl.cumsum of log d over the chunk's rows (log d floored at
-LOG_D_FLOOR, so that a decay of 0 gives products of 0, not -inf - -inf = NaN).
+The chunk's cumulative log decays c come from an fp64 tl.cumsum of log d over the chunk's rows (log d floored at
+LOG_D_FLOOR, so that a decay of 0 gives products of 0, not -inf - -inf = NaN), held as fp32 pairs c = hi + lo. A pair
+decay exp(c_x - c_y) is exp(hi_x - hi_y) (1 + lo_x) (1 - lo_y): the his' difference is exact when they are within a
+factor 2 (Sterbenz) and rounded once otherwise, and the los (|lo| <= ulp(hi) / 2, so 1 +- lo is e^{+-lo} to fp32)
+become per-row factors of the operands, nothing per pair. With fp32 sums, a log decay near the floor on a chunk's
+first row left ulp(110) = 7.6e-6 of rounding in every later pair's exponent: y was 2.3e-6 RMS off fp64 where the
+sequential and CPU chunked twins were 1.1e-7 (`test_a_vanishing_decay_costs_no_precision`).
 
 Registers: every product with the state either contracts over k or is indexed by k, and every other k-indexed
 quantity (c, the decays, A~, R~, B^, K^ and the gradients of r, w, k, a, b) is per column k. So each pass over the
@@ -58,8 +63,7 @@ from .recurrent import _log_decay, _rne_bf16, _sequence, launch_grid
 from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
 CHUNK = 16
-# The least log decay the chunk's cumulative sums see: exp(-110) is 0 in fp32 (below half the least subnormal), and
-# fp32 spacing at 110 is 7.6e-6, so decays formed after such a token in its chunk stay within ~1e-5.
+# The least log decay the chunk's cumulative sums see: exp(-110) is 0 in fp32 (below half the least subnormal).
 LOG_D_FLOOR = tl.constexpr(-110.0)
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
@@ -127,6 +131,13 @@ def _store_rows(ptr, at, x, LOW_PRECISION: tl.constexpr, mask):
 
 
 @triton.jit
+def _split(x):
+    """An fp64 x as fp32 (hi, lo): hi the rounded x, lo the rest, rounded."""
+    hi = x.to(tl.float32)
+    return hi, (x - hi.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
 def _masked_decays(ca, cb, L: tl.constexpr):
     """E[l][m+1] for m < l (the Ab, Ak pairs) and E[l+1][m+1] for m <= l (Qb, Qk), [L, L, N], 0 elsewhere."""
     rows = tl.arange(0, L)
@@ -156,7 +167,9 @@ def _solve_matrix(Ab, L: tl.constexpr):
 def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L: tl.constexpr, BK: tl.constexpr,
              DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr):
     """Columns [j0, j0 + BK) of the chunk's rows (the first at element row0, the next HN apart; zero where not
-    valid, where log d = 0 too) and their cumulative log decays (per column, so a column slice is self-contained)."""
+    valid, where log d = 0 too) and their cumulative log decays (per column, so a column slice is self-contained):
+    c[l + 1], c[l] and c[len], each an fp32 (hi, lo) pair of its fp64 sum, so that a difference of two of them loses
+    nothing to a large log decay that both hold (see the module's docstring)."""
     at = tl.arange(0, L)[:, None] * HN + tl.arange(0, BK)[None, :]
     r = _load_rows(r_ptr + row0 + j0, at, valid, LOW_PRECISION)
     k = _load_rows(k_ptr + row0 + j0, at, valid, LOW_PRECISION)
@@ -166,29 +179,34 @@ def _columns(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L: tl.const
     # A decay of 0 (log d = -inf: "loglog" w = +inf, "log" w = -inf) would make the cumulative sums' differences
     # -inf - -inf = NaN; at LOG_D_FLOOR every product over it is still exactly 0 (exp underflows), and NaN stays NaN.
     logd = tl.where(valid, tl.where(log_d < LOG_D_FLOOR, LOG_D_FLOOR, log_d), 0.0)
-    ca = tl.cumsum(logd, axis=0)   # c[l + 1]
-    cb = ca - logd                 # c[l]
-    clast = tl.sum(logd, axis=0)   # c[len]
-    return r, k, a, b, dlog, tl.exp(logd), ca, cb, clast
+    logd64 = logd.to(tl.float64)
+    after = tl.cumsum(logd64, axis=0)
+    ca, ca_lo = _split(after)
+    cb, cb_lo = _split(after - logd64)
+    clast, clast_lo = _split(tl.sum(logd64, axis=0))
+    return r, k, a, b, dlog, tl.exp(logd), ca, ca_lo, cb, cb_lo, clast, clast_lo
 
 
 @triton.jit
-def _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, d, ca, cb, L: tl.constexpr):
+def _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, d, ca, ca_lo, cb, cb_lo, L: tl.constexpr):
     """Ab, Ak, Qb, Qk [L, L] plus one column slice's share (the sums over j of x_l[j] y_m[j] E[.][m+1][j], the
     decays as in _masked_decays), with the column j as the leading axis of the [BK, L, L] broadcasts: the compiler
     spreads a block's last axes over lanes and warps, so the sums over j stay within each thread (in [L, L, BK] form
     they were four 16-lane shuffle reductions per entry: 1,802 instructions per slice in the forward, then 955). One
     exp per pair: r_l E[l+1][m+1] = (r_l d_l) E[l][m+1] below the diagonal (704 instructions per slice, Triton 3.7.1;
-    3.6.0 745; the product formed before the transpose, else 3.6.0 recomputes it per pair: 1,223)."""
+    3.6.0 745; the product formed before the transpose, else 3.6.0 recomputes it per pair: 1,223). The pair decays
+    take the his' differences, and the los enter as per-row factors of the operands (see the module's docstring)."""
     rows = tl.arange(0, L)
     strict = (rows[None, :] < rows[:, None])[None, :, :]
     diagonal = (rows[None, :] == rows[:, None])[None, :, :]
     Eb = tl.exp(tl.where(strict, tl.trans(cb)[:, :, None] - tl.trans(ca)[:, None, :], float("-inf")))
-    r_t = tl.trans(r)
-    aE = tl.trans(a)[:, :, None] * Eb
-    rE = tl.where(diagonal, r_t[:, :, None], tl.trans(r * d)[:, :, None] * Eb)
-    b_t = tl.trans(b)[:, None, :]
-    k_t = tl.trans(k)[:, None, :]
+    row_factor = 1.0 + cb_lo
+    col_factor = 1.0 - ca_lo
+    aE = tl.trans(a * row_factor)[:, :, None] * Eb
+    # On the diagonal (no decay) r cancels b's and k's column factor.
+    rE = tl.where(diagonal, tl.trans(r * (1.0 + ca_lo))[:, :, None], tl.trans(r * d * row_factor)[:, :, None] * Eb)
+    b_t = tl.trans(b * col_factor)[:, None, :]
+    k_t = tl.trans(k * col_factor)[:, None, :]
     Ab += tl.sum(aE * b_t, axis=0)
     Ak += tl.sum(aE * k_t, axis=0)
     Qb += tl.sum(rE * b_t, axis=0)
@@ -300,9 +318,9 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
     Qb = tl.zeros((L, L), dtype=tl.float32)
     Qk = tl.zeros((L, L), dtype=tl.float32)
     for j0 in range(0, N, BK):
-        r, k, a, b, dlog, d, ca, cb, clast = _columns(
+        r, k, a, b, dlog, d, ca, ca_lo, cb, cb_lo, _, _ = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
-        Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, d, ca, cb, L)
+        Ab, Ak, Qb, Qk = _add_masked_products(Ab, Ak, Qb, Qk, r, k, a, b, d, ca, ca_lo, cb, cb_lo, L)
     Tm = _solve_matrix(Ab, L)
     M = tl.dot(Tm, Ak, input_precision="ieee")
     square_at = rows[:, None] * L + rows[None, :]
@@ -315,10 +333,10 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
         tl.store(_prep_square(prep, 5, L, N) + square_at, Qk)
     slice_at = rows[:, None] * N + kk[None, :]
     for j0 in range(0, N, BK):
-        r, k, a, b, dlog, _, ca, cb, clast = _columns(
+        r, k, a, b, dlog, _, ca, ca_lo, cb, _, clast, clast_lo = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
         W = tl.dot(Tm, a * tl.exp(cb), input_precision="ieee")
-        rest = tl.exp(clast[None, :] - ca)
+        rest = tl.exp((clast[None, :] - ca) + (clast_lo[None, :] - ca_lo))
         tl.store(_prep_rows(prep, 0, L, N) + j0 + slice_at, W)
         tl.store(_prep_rows(prep, 1, L, N) + j0 + slice_at, r * tl.exp(ca) + tl.dot(Qb, W, input_precision="ieee"))
         tl.store(_prep_rows(prep, 2, L, N) + j0 + slice_at, b * rest)
@@ -519,13 +537,23 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
     # Per k slice: dR~ = dY S0, dA~ = dX S0, dB^ = U G, dK^ = V G, dc[L] = e^{c[L]} sum_v S0 G, and the masked
     # products' cotangents (dx = sum_m dM y E, dy = sum_l dM x E; dc[p(l)] += x dx, dc[m+1] -= y dy).
     for j0 in tl.range(0, N, BK, disable_licm=True):
-        r, k, a, b, dlog, _, ca, cb, clast = _columns(
+        r, k, a, b, dlog, _, ca, ca_lo, cb, cb_lo, clast, clast_lo = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
         Eb, Eq = _masked_decays(ca, cb, L)
         # The masked products' cotangents first and the exps after the products over v: fewer values live across
         # that loop (in the bf16 mode, the split products' operands fill the registers: 48-60 B spilled otherwise).
-        ax, ab, ak = _masked_cotangents(a, b, k, dAb, dAk, Eb)
-        rx, rb, rk = _masked_cotangents(r, b, k, dQb, dQk, Eq)
+        # Eb and Eq hold the his' differences; the los are per-row factors, as in _add_masked_products.
+        col_factor = 1.0 - ca_lo
+        b_g = b * col_factor
+        k_g = k * col_factor
+        ax, ab, ak = _masked_cotangents(a * (1.0 + cb_lo), b_g, k_g, dAb, dAk, Eb)
+        ax *= 1.0 + cb_lo
+        rx, rb, rk = _masked_cotangents(r * (1.0 + ca_lo), b_g, k_g, dQb, dQk, Eq)
+        rx *= 1.0 + ca_lo
+        ab *= col_factor
+        ak *= col_factor
+        rb *= col_factor
+        rk *= col_factor
         da = ax
         dcb = a * ax
         dr = rx
@@ -549,7 +577,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION)
         e_before = tl.exp(cb)
         e_after = tl.exp(ca)
-        rest = tl.exp(clast[None, :] - ca)
+        rest = tl.exp((clast[None, :] - ca) + (clast_lo[None, :] - ca_lo))
         e_all = tl.exp(clast)
         ST0 = tl.load(ckpt + j0 * N + ckpt_at)
         GT = tl.load(grad + j0 + state_at)
