@@ -187,6 +187,29 @@ def test_context_parallel_rope_matches_unsharded():
     _run(_check_context_parallel, [(split,) for split in rd.SPLITS])
 
 
+def _check_uneven_gather(rank: int) -> None:
+    """wkv7_sequence_parallel's slices may differ in length: all_gather_sequence reassembles them, differentiably
+    (each shard's gradient: the sum of every rank's cotangent for it). Shapes that cannot be gathered raise on
+    every rank (the gloo all_gather aborted the process on one and read garbage on the other)."""
+    lengths = (3, 6)
+    full = torch.randn(2, sum(lengths), 5, dtype=torch.float64, generator=seeded(8))
+    start = sum(lengths[:rank])
+    local = full[:, start:start + lengths[rank]].clone().requires_grad_()
+    cotangents = [torch.randn(full.shape, dtype=torch.float64, generator=seeded(9 + r)) for r in range(WORLD)]
+    gathered = rd.all_gather_sequence(local)
+    assert torch.equal(gathered, full)
+    (gathered * cotangents[rank]).sum().backward()
+    torch.testing.assert_close(local.grad, sum(cotangents)[:, start:start + lengths[rank]], **FP64)
+    with pytest.raises(ValueError, match="split='zigzag' needs shards of one even length"):
+        rd.all_gather_sequence(local.detach(), split="zigzag")
+    with pytest.raises(ValueError, match="local must have one shape on every rank outside seq_dim=1"):
+        rd.all_gather_sequence(full[:, :4, : 4 + rank])
+
+
+def test_all_gather_sequence_with_uneven_slices():
+    _run(_check_uneven_gather, [()])
+
+
 def test_shard_layouts_without_a_process_group():
     """Zig-zag (TE): 2W chunks, rank r holds chunks r and 2W-1-r; shard/unshard round-trips on any sequence dim."""
     assert rd.shard_positions(16, 2, 0, split="zigzag").tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
@@ -205,3 +228,15 @@ def test_shard_layouts_without_a_process_group():
         rd.shard_positions(8, 2, 0, split="ring")
     with pytest.raises(ValueError, match="rank must be in"):
         rd.shard_positions(8, 2, 2)
+
+
+def test_unshard_rejects_what_it_cannot_reassemble():
+    """An unknown split name used to be read as "zigzag", and zig-zag shards of odd or unequal lengths were cut
+    into unequal halves: the wrong tensor, silently."""
+    shards = [torch.arange(6).view(1, 6), torch.arange(6, 12).view(1, 6)]
+    with pytest.raises(ValueError, match="split must be one of"):
+        rd.unshard_sequence(shards, split="Contiguous")
+    with pytest.raises(ValueError, match=r"one even length along seq_dim=1, got \[3, 3\]"):
+        rd.unshard_sequence([s[:, :3] for s in shards], split="zigzag")
+    with pytest.raises(ValueError, match=r"one even length along seq_dim=1, got \[6, 4\]"):
+        rd.unshard_sequence([shards[0], shards[1][:, :4]], split="zigzag")

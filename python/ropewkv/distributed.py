@@ -70,10 +70,16 @@ def shard_sequence(x: torch.Tensor, world_size: int, rank: int, *, split: str = 
 
 
 def unshard_sequence(shards: Sequence[torch.Tensor], *, split: str = "contiguous", seq_dim: int = 1) -> torch.Tensor:
-    """The inverse of shard_sequence: shards[r] is rank r's shard; returns the full tensor in global order."""
+    """The inverse of shard_sequence: shards[r] is rank r's shard; returns the full tensor in global order.
+    "contiguous" shards may differ in length (the time slices of wkv7_sequence_parallel); "zigzag" ones may not."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     world_size = len(shards)
     if split == "contiguous":
         return torch.cat(list(shards), dim=seq_dim)
+    lengths = [shard.shape[seq_dim] for shard in shards]
+    if len(set(lengths)) != 1 or lengths[0] % 2:
+        raise ValueError(f"split='zigzag' needs shards of one even length along seq_dim={seq_dim}, got {lengths}")
     halves = [shard.chunk(2, dim=seq_dim) for shard in shards]
     # Chunks 0..W-1 are the first halves of ranks 0..W-1; chunks W..2W-1 the second halves of ranks W-1..0.
     return torch.cat([h[0] for h in halves] + [halves[r][1] for r in reversed(range(world_size))], dim=seq_dim)
@@ -100,9 +106,26 @@ class _AllGather(torch.autograd.Function):
 def all_gather_sequence(local: torch.Tensor, *, split: str = "contiguous", seq_dim: int = 1,
                         group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """Gather every rank's shard of `group` and return the full tensor in global order, on every rank.
+    "contiguous" shards may differ in length along seq_dim (the time slices of wkv7_sequence_parallel).
     Differentiable: the gradient of a shard is the sum over the ranks of their cotangents for it."""
-    shards = _AllGather.apply(local.contiguous(), group or dist.group.WORLD)
-    return unshard_sequence(shards.unbind(0), split=split, seq_dim=seq_dim)
+    group = group or dist.group.WORLD
+    seq_dim = seq_dim % local.dim()
+    # all_gather needs one shape on every rank (another one aborts the process or reads garbage): exchange the shapes
+    # first, then pad every shard to the longest.
+    shape = torch.tensor(local.shape, dtype=torch.int64, device=local.device)
+    shapes = [torch.empty_like(shape) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(shapes, shape, group=group)
+    shapes = [s.tolist() for s in shapes]
+    if any(s[:seq_dim] + s[seq_dim + 1:] != shapes[0][:seq_dim] + shapes[0][seq_dim + 1:] for s in shapes):
+        raise ValueError(f"local must have one shape on every rank outside seq_dim={seq_dim}, got {shapes}")
+    lengths = [s[seq_dim] for s in shapes]
+    padded = local
+    if local.shape[seq_dim] < max(lengths):
+        pad = list(local.shape)
+        pad[seq_dim] = max(lengths) - local.shape[seq_dim]
+        padded = torch.cat([local, local.new_zeros(pad)], dim=seq_dim)
+    shards = _AllGather.apply(padded.contiguous(), group).unbind(0)
+    return unshard_sequence([s.narrow(seq_dim, 0, n) for s, n in zip(shards, lengths)], split=split, seq_dim=seq_dim)
 
 
 class _ReceiveState(torch.autograd.Function):
