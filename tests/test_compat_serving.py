@@ -263,6 +263,24 @@ def test_flashinfer_pos_ids_and_ragged(device, interleave):
                     (name, backend)
 
 
+@pytest.mark.parametrize("rotary_dim", [31, -2])
+def test_flashinfer_rejects_a_rotary_dim_that_is_not_even(rotary_dim):
+    """rotary_dim 31 used to rotate 32 dims (16 frequencies of theta^(2i/31)), -2 none: wrong q/k, silently."""
+    q, k = torch.randn(3, 2, 64), torch.randn(3, 1, 64)
+    indptr, offsets, pos = torch.tensor([0, 3]), torch.tensor([5]), torch.arange(3)
+    calls = [lambda: flashinfer.apply_rope(q, k, indptr, offsets, rotary_dim),
+             lambda: flashinfer.apply_rope_inplace(q.clone(), k.clone(), indptr, offsets, rotary_dim),
+             lambda: flashinfer.apply_rope_pos_ids(q, k, pos, rotary_dim),
+             lambda: flashinfer.apply_rope_pos_ids_inplace(q.clone(), k.clone(), pos, rotary_dim),
+             lambda: flashinfer.apply_llama31_rope(q, k, indptr, offsets, rotary_dim),
+             lambda: flashinfer.apply_llama31_rope_inplace(q.clone(), k.clone(), indptr, offsets, rotary_dim),
+             lambda: flashinfer.apply_llama31_rope_pos_ids(q, k, pos, rotary_dim),
+             lambda: flashinfer.apply_llama31_rope_pos_ids_inplace(q.clone(), k.clone(), pos, rotary_dim)]
+    for call in calls:
+        with pytest.raises(ValueError, match=f"rotary_dim must be a non-negative even int, got {rotary_dim}"):
+            call()
+
+
 def test_flashinfer_llama31_frequencies_match_hf_llama3():
     """The llama31 frequencies equal transformers' own llama3 rope_init (code we did not write), to fp32 rounding."""
     from transformers import LlamaConfig
@@ -305,6 +323,41 @@ def _real(module: str):
     if not torch.cuda.is_available():
         pytest.skip(f"{module} runs on CUDA only; compared against its fp64 transcription above")
     return pytest.importorskip(module, reason=f"{module} is not installed here")
+
+
+def test_flashinfer_rope_under_cuda_graph_capture():
+    """Serving engines capture their decode steps in CUDA graphs after warm-up calls: the frequencies of the inv_freq
+    variants were copied from host memory on every call, which capture does not allow. Replayed on new q, k and
+    positions, the graph equals eager calls."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a CUDA device")
+    gen = seeded(10)
+
+    def fill(q, k, pos):
+        q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
+        k.copy_(torch.randn(k.shape, generator=gen).to(k.dtype))
+        pos.copy_(torch.randint(0, 4000, pos.shape, generator=gen))
+
+    q = torch.empty(8, 4, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.empty(8, 2, 64, dtype=torch.bfloat16, device="cuda")
+    pos = torch.empty(8, dtype=torch.int64, device="cuda")
+    step = lambda: (flashinfer.apply_rope_pos_ids_inplace(q, k, pos),  # noqa: E731
+                    flashinfer.apply_llama31_rope_pos_ids_inplace(q, k, pos))
+    fill(q, k, pos)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up, as engines do before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    fill(q, k, pos)
+    q_eager, k_eager = q.clone(), k.clone()
+    flashinfer.apply_rope_pos_ids_inplace(q_eager, k_eager, pos)
+    flashinfer.apply_llama31_rope_pos_ids_inplace(q_eager, k_eager, pos)
+    graph.replay()
+    assert torch.equal(q, q_eager) and torch.equal(k, k_eager)
 
 
 def test_real_vllm_rotary_embedding_matches():

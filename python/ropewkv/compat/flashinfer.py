@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -26,11 +27,16 @@ from ..ops.rope import rope
 from . import vllm
 
 
+# The frequencies are built on the host and copied to the device once per setting: a copy from pageable host memory
+# on every call (every layer of every step) cost a host sync and broke CUDA graph capture, which serving engines run
+# their decode steps under (after warm-up calls, which fill this cache).
+@functools.lru_cache(maxsize=64)
 def _inv_freq(rotary_dim: int, rope_scale: float, rope_theta: float, device) -> torch.Tensor:
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
     return (1.0 / (rope_scale * rope_theta**exponents)).to(torch.float32).to(device)
 
 
+@functools.lru_cache(maxsize=64)
 def _llama31_inv_freq(rotary_dim: int, rope_scale: float, rope_theta: float, low_freq_factor: float,
                       high_freq_factor: float, old_context_len: float, device) -> torch.Tensor:
     freq = 1.0 / rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
@@ -42,7 +48,11 @@ def _llama31_inv_freq(rotary_dim: int, rope_scale: float, rope_theta: float, low
 def _rotary_dim(q: torch.Tensor, rotary_dim: Optional[int]) -> int:
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError("q must be a [nnz, num_q_heads, head_dim] tensor")
-    return q.shape[-1] if rotary_dim is None else rotary_dim
+    rot = q.shape[-1] if rotary_dim is None else rotary_dim
+    # Checked here: an odd rot would reach rope as ceil(rot / 2) frequencies, a rotation of rot + 1 dims.
+    if not isinstance(rot, int) or rot % 2 or rot < 0:
+        raise ValueError(f"rotary_dim must be a non-negative even int, got {rot!r}")
+    return rot
 
 
 def _apply(q, k, inv_freq, inplace, **kwargs):
