@@ -26,6 +26,18 @@ def test_precise_in_the_tails(device, x):
         assert abs(float(out / expected) - 1) < 4 * 2.0**-23, backend
 
 
+@pytest.mark.parametrize("x", [-80.0, -30.0, -17.0, 17.0, 30.0, 60.0])
+def test_gradient_precise_in_the_tails(device, x):
+    """The parity rows' ulp floor hides gradients this small, and the reference's autograd, s * (1 - s), is not
+    relative-precise for x >> 0 even in fp64: the oracle here is -e^{-1/2} sigmoid(x) sigmoid(-x) in fp64."""
+    x64 = torch.tensor([x], dtype=torch.float64)
+    expected = -reference.EXP_MINUS_HALF * torch.sigmoid(x64) * torch.sigmoid(-x64)
+    for backend in kernel_backends(device):
+        leaf = x64.float().to(device).requires_grad_()
+        ropewkv.rwkv7_log_decay(leaf, backend=backend).backward()
+        assert abs(float(leaf.grad.double().cpu() / expected) - 1) < 6 * 2.0**-23, backend
+
+
 def _truncated_to_bf16(x32: torch.Tensor) -> torch.Tensor:
     """fp32 -> bf16 by dropping the low 16 bits: the Triton interpreter's store (it truncates, where a GPU rounds)."""
     return (x32.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
@@ -80,6 +92,27 @@ def test_autocast_keeps_fp32(device, dtype):
 def test_gradcheck_fp64_cpu_twin():
     x = decay_parity.decay_input(64, torch.float64, seeded(13)).requires_grad_()
     assert torch.autograd.gradcheck(lambda t: ropewkv.rwkv7_log_decay(t, backend="cpu"), (x,))
+
+
+def test_double_backward_vs_fp64(device):
+    """create_graph=True through the backward (Hessian-vector products, gradient penalties): both second derivatives,
+    wrt x and wrt the incoming gradient. The C++ twins dropped f'' with only a warning, the Triton twin raised."""
+    x64 = (-6.0 + 8.0 * torch.rand(256, dtype=torch.float64, generator=seeded(18))).float().double()
+    cotangent, probe = torch.randn(2, 256, dtype=torch.float64, generator=seeded(19))
+
+    def second_derivatives(backend, dtype):
+        x = x64.to(dtype).to(device).requires_grad_()
+        weight = cotangent.to(dtype).to(device).requires_grad_()
+        (grad_x,) = torch.autograd.grad(ropewkv.rwkv7_log_decay(x, backend=backend), x, weight, create_graph=True)
+        return torch.autograd.grad(grad_x, (x, weight), probe.to(dtype).to(device))
+
+    want = second_derivatives("reference", torch.float64)
+    for backend in kernel_backends(device):
+        for got, expected in zip(second_derivatives(backend, torch.float32), want):
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got.double().cpu(), expected.cpu(), rtol=1e-6, atol=0)
+    x = x64[:32].clone().requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda t: ropewkv.rwkv7_log_decay(t, backend="cpu"), (x,))
 
 
 def test_non_contiguous_and_empty(device):

@@ -37,6 +37,17 @@ def _fake_backward(grad, x):
     return x.new_empty(x.shape)  # contiguous whatever x's strides, as the twins' outputs
 
 
+def _double_backward(ctx, grad_grad_x):
+    """The backward op's own backward (create_graph=True: Hessians, gradient penalties), in eager fp32 (fp64) ops.
+    With e = e^{-|x|}: grad_x = grad * f'(x), f' = -e^{-1/2} e / (1+e)^2, f'' = e^{-1/2} e / (1+e)^2 * tanh(x/2)."""
+    grad, x = ctx.saved_tensors
+    x_math = x.to(_backend.compute_dtype(x.dtype))
+    e = torch.exp(-x_math.abs())
+    slope = reference.EXP_MINUS_HALF * e / (1 + e) ** 2
+    gg = grad_grad_x.to(x_math.dtype)
+    return (-gg * slope).to(grad.dtype), (gg * grad * slope * torch.tanh(x_math / 2)).to(x.dtype)
+
+
 def _register(forward: str, backward: str) -> None:
     torch.library.register_fake(forward)(_fake_forward)
     torch.library.register_fake(backward)(_fake_backward)
@@ -49,7 +60,12 @@ def _register(forward: str, backward: str) -> None:
         (x,) = ctx.saved_tensors
         return backward_op(grad, x)
 
+    def setup_backward_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
     torch.library.register_autograd(forward, grad_fn, setup_context=setup_context)
+    # Without it the C++ twins' double backward silently dropped f'' (a warning only), the Triton twin's raised.
+    torch.library.register_autograd(backward, _double_backward, setup_context=setup_backward_context)
 
 
 _register("ropewkv::log_decay_triton", "ropewkv::log_decay_backward_triton")
