@@ -168,3 +168,9 @@ def test_autocast_keeps_the_decay_fp32_within_bf16_matmul_error(layer_id, device
     assert torch.equal(mixed[1], plain[1])  # the decay path is fp32 under autocast
     assert rms_ratio(out_amp, out32) < 2e-2
     assert rms_ratio(grads_amp, grads32) < 5e-2
+
+
+def test_later_layers_name_a_missing_v_first():
+    layer = RWKV7TimeMix(64, head_size=32, layer_id=1, n_layer=2)
+    with pytest.raises(ValueError, match="v_first is required by layer 1"):
+        layer(torch.randn(1, 3, 64))

@@ -137,6 +137,9 @@ class RWKV7TimeMix(nn.Module):
         if self.layer_id == 0:
             v_first = v
         else:
+            if v_first is None:
+                raise ValueError(f"v_first is required by layer {self.layer_id} (layers after the first mix in "
+                                 "layer 0's value: pass the v_first that layer 0's forward returned)")
             v = v + (v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)  # value residual
         a = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)  # in-context learning rate
         g = torch.sigmoid(xg @ self.g1) @ self.g2
