@@ -120,13 +120,18 @@ def main(argv=None) -> int:
     for backend, (name, public, op, op_empty) in cases:
         if not common.selected(session.args, name):
             continue
-        total, op_us, dispatch, floor = per_call_us([public, op, op_empty, lambda: torch.add(one, one)], device,
-                                                    quick)
-        row = {"shape": f"B{BATCH} one token", "impl": f"ropewkv.{name}[{backend}]", "total_us": total,
-               "python_us": total - op_us, "op_us": op_us, "dispatch_us": dispatch, "kernel_us": op_us - dispatch,
-               "floor_us": floor}
+        row = {"shape": f"B{BATCH} one token", "impl": f"ropewkv.{name}[{backend}]"}
+        try:  # a broken case is a row with its reason, not the end of the run
+            total, op_us, dispatch, floor = per_call_us([public, op, op_empty, lambda: torch.add(one, one)], device,
+                                                        quick)
+            row.update(total_us=total, python_us=total - op_us, op_us=op_us, dispatch_us=dispatch,
+                       kernel_us=op_us - dispatch, floor_us=floor)
+        except Exception as error:
+            row["total_us"] = common.describe_failure(error)
         session.rows.append(row)
         print("  " + ", ".join(f"{k}={common.fmt(v, '.4g')}" for k, v in row.items()), file=sys.stderr, flush=True)
+        if session.args.out:  # the rows so far, so that a run cut short by its step's time limit keeps them
+            common.write_json(session.args.out, session.name, session.env, session.rows, complete=False)
     columns = [("total_us", "total µs", ".1f"), ("python_us", "python µs", ".1f"), ("op_us", "op µs", ".1f"),
                ("dispatch_us", "dispatcher µs", ".1f"), ("kernel_us", "kernel µs", ".1f"),
                ("floor_us", "aten add µs", ".1f")]

@@ -148,11 +148,12 @@ def decode_impls(device, args) -> list:
     impls.append(("FLA fused_recurrent_rwkv7", fla_step,
                   lambda x: {**x, "w": _log_w(x["w"]), "state": x["state"].mT.contiguous()},
                   lambda x: ref.wkv7_step(*_fp32(x[:6]), x[6].mT, decay="log")[0]))
-    eager = functools.partial(ref.wkv7_step, decay=DECAY)  # fp32 math, as an eager fp32-state model does
-    impls.append(("eager reference step", lambda *x: eager(*_fp32(x))[0], *same))
+    def eager(*x):  # fp32 math, as an eager fp32-state model does
+        return ref.wkv7_step(*_fp32(x), decay=DECAY)[0]
+    impls.append(("eager reference step", eager, *same))
     if common.want_compile(args, device):
-        compiled = torch.compile(eager, dynamic=False)
-        impls.append(("torch.compile(eager step)", lambda *x: compiled(*_fp32(x))[0], *same))
+        # the casts inside the compiled graph, as a compiled model has them: outside, they were 6 more eager launches
+        impls.append(("torch.compile(eager step)", torch.compile(eager, dynamic=False), *same))
     return [i for i in impls if common.selected(args, i[0])]
 
 
@@ -172,6 +173,20 @@ def bench_decode(session, dtype, batch, heads, n):
 
 
 # ------------------------------------------------------------------------------------------------- log decay
+def log_decay_impls(device, args) -> list:
+    """(name, fn(x) -> log decay): the kernels, eager `-e^-0.5 * sigmoid(x.float())` and torch.compile of it."""
+    def eager(x):
+        return ref.rwkv7_log_decay(x.float())
+    impls = [(f"ropewkv.rwkv7_log_decay[{b}]", lambda x, b=b: ropewkv.rwkv7_log_decay(x, backend=b))
+             for b in common.kernel_backends(device)]
+    impls.append(("eager", eager))
+    if common.want_compile(args, device):
+        # the cast inside the compiled graph, fused (bf16 read, fp32 write): outside, it was an eager pass of its own
+        # and the compiled kernel read fp32, 14 B/element against the 6 of the floor
+        impls.append(("torch.compile(eager)", torch.compile(eager, dynamic=False)))
+    return [i for i in impls if common.selected(args, i[0])]
+
+
 def bench_log_decay(session, dtype, shape):
     device, args = session.device, session.args
     label = "log_decay " + "x".join(map(str, shape))
@@ -182,18 +197,9 @@ def bench_log_decay(session, dtype, shape):
         x = common.tile(x.to(device), shape).requires_grad_()
         return (x,), [x]
 
-    eager = ref.rwkv7_log_decay
-    impls = [(f"ropewkv.rwkv7_log_decay[{b}]", lambda x, b=b: ropewkv.rwkv7_log_decay(x, backend=b))
-             for b in common.kernel_backends(device)]
-    impls.append(("eager", lambda x: eager(x.float())))
-    if common.want_compile(args, device):
-        compiled = torch.compile(eager, dynamic=False)
-        impls.append(("torch.compile(eager)", lambda x: compiled(x.float())))
     numel = shape[0] * shape[1] * shape[2]
-    for name, fn in impls:
-        if not common.selected(args, name):
-            continue
-        work = common.Work(fn, make_set, reference=lambda x: eager(x[0].double()))
+    for name, fn in log_decay_impls(device, args):
+        work = common.Work(fn, make_set, reference=lambda x: ref.rwkv7_log_decay(x[0].double()))
         session.measure(shape=label, impl=name, work=work,
                        bytes_per_mode=common.pass_bytes(6 * numel, 8 * numel))
 
