@@ -436,3 +436,83 @@ def test_cuda_backwards_refuse_cotangents_on_another_device():
         torch.ops.ropewkv.qk_norm_rope_backward(torch.ones_like(q).cpu(), torch.ones_like(k), n.q4, n.k4, *n.args)
     with pytest.raises(RuntimeError, match="grad_k is on cpu but q is on cuda"):
         torch.ops.ropewkv.qk_norm_rope_backward(torch.ones_like(q), torch.ones_like(k).cpu(), n.q4, n.k4, *n.args)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The C++ ops called directly (torch.compile or an external caller bypasses the Python checks): the glue's own checks.
+
+
+def _cpp_inplace(name, device):
+    """(call(q, k), args) for the C++ in-place op `name` (rope_ or qk_norm_rope_) on fp32 [B, S, H, 8] views."""
+    inv_freq = rope_inv_freq(8, device=device)
+    if name == "rope_":
+        args = (inv_freq, None, None, None, False, False, 1.0, 0, None, False)
+        return lambda q, k: torch.ops.ropewkv.rope_(q, k, *args), lambda q, k: torch.ops.ropewkv.rope(q, k, *args)
+    args = (None, None, 1e-6, 0.0, inv_freq, None, None, None, None, None, None, 8, False, 1.0, 0)
+    return (lambda q, k: torch.ops.ropewkv.qk_norm_rope_(q, k, *args),
+            lambda q, k: torch.ops.ropewkv.qk_norm_rope(q, k, *args))
+
+
+@pytest.mark.parametrize("op", ["rope_", "qk_norm_rope_"])
+@pytest.mark.parametrize("target", ["k-is-q", "k-a-head-of-q", "expanded-q", "expanded-k"])
+def test_cpp_inplace_refuses_targets_sharing_memory(device, op, target):
+    """Each element is rotated once in place: k = q, k overlapping q or an expanded tensor rotated some elements two or
+    more times (and raced on them across the CPU twin's threads), silently."""
+    inplace, _ = _cpp_inplace(op, device)
+    q = torch.randn(2, 4, 3, 8, device=device)
+    k = {"k-is-q": q, "k-a-head-of-q": q[:, :, 1:2], "expanded-q": torch.randn(2, 4, 1, 8, device=device),
+         "expanded-k": torch.randn(2, 4, 1, 8, device=device).expand(2, 4, 2, 8)}[target]
+    if target == "expanded-q":
+        q, k = torch.randn(2, 1, 3, 8, device=device).expand(2, 4, 3, 8), k
+    who = {"k-is-q": "q and k", "k-a-head-of-q": "q and k", "expanded-q": "q", "expanded-k": "k"}[target]
+    before = q.clone(), k.clone()
+    with pytest.raises(ValueError, match=f"in place, {who} must not"):
+        inplace(q, k)
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+
+
+@pytest.mark.parametrize("op", ["rope_", "qk_norm_rope_"])
+def test_cpp_inplace_takes_slices_of_a_fused_qkv(device, op):
+    """Heads of one [B, S, Hq + 2 Hk, D] projection: spans that interleave across tokens but share no element."""
+    inplace, functional = _cpp_inplace(op, device)
+    qkv = torch.randn(2, 4, 3 + 2, 8, device=device)
+    q, k = qkv[:, :, :3], qkv[:, :, 3:4]
+    expected = functional(q, k)
+    inplace(q, k)
+    assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])
+
+
+def test_cpp_rotary_dim_error_names_its_source():
+    """rope and rope_cos_sin take no rotary_dim: their errors name what it comes from."""
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match=r"2 \* inv_freq.numel\(\) \(the rotary dim\) must be even and <= head_dim 8"):
+        torch.ops.ropewkv.rope(q, None, torch.rand(5), None, None, None, False, False, 1.0, 0, None, False)
+    with pytest.raises(ValueError, match=r"cos.size\(-1\) \(the rotary dim\) must be even and <= head_dim 8, got 3"):
+        torch.ops.ropewkv.rope_cos_sin(q, None, torch.randn(1, 4, 3), torch.randn(1, 4, 3), False, False, 0)
+
+
+@pytest.mark.parametrize("case", ["cache-offsets", "cache-cu", "cache-scaling", "table-positions", "table-offsets",
+                                  "table-scaling"])
+def test_cpp_qk_norm_rope_refuses_what_its_table_source_ignores(case):
+    """The C++ twin ignored these (the Triton twin applies seqlen_offsets and cu_seqlens to a cache's positions: the
+    twins disagreed on one call); the Python layer refuses them, and so does the glue now."""
+    q = torch.randn(1, 4, 2, 8)
+    source, extra = case.split("-")
+    cache = torch.randn(16, 8) if source == "cache" else None
+    cos, sin = (torch.randn(1, 4, 8), torch.randn(1, 4, 8)) if source == "table" else (None, None)
+    positions = torch.arange(4).view(1, 4) if source == "cache" or extra == "positions" else None
+    offsets = torch.tensor([5]) if extra == "offsets" else None
+    cu = torch.tensor([0, 1, 4]) if extra == "cu" else None
+    scaling = 2.0 if extra == "scaling" else 1.0
+    with pytest.raises(ValueError, match="apply to the inv_freq"):
+        torch.ops.ropewkv.qk_norm_rope(q, None, None, None, 1e-6, 0.0, None, cos, sin, cache, positions, offsets, cu, 8,
+                                       False, scaling, 0)
+
+
+@pytest.mark.parametrize("op", ["wkv7_backward", "wkv7_chunked_backward"])
+def test_cpp_wkv7_backward_grad_state_error_says_the_shape_expected(op):
+    x = rwkv7_inputs(1, 5, 2, 16, generator=seeded(43))
+    xs = [x[name] for name in ("r", "w", "k", "v", "a", "b")]
+    y, final_state, checkpoints = torch.ops.ropewkv.wkv7_forward(*xs, None, None, 0, 0, True)
+    with pytest.raises(ValueError, match=r"grad_final_state must have shape \[1, 2, 16, 16\] .*got \[1, 1, 16, 16\]"):
+        getattr(torch.ops.ropewkv, op)(torch.ones_like(y), final_state[:, :1], *xs, None, None, checkpoints, 0, 0)

@@ -69,9 +69,16 @@ inline Params make_params(const at::Tensor& q, const OptTensor& k, const at::Ten
                           const OptTensor& cu_seqlens, int64_t rotary_dim, bool interleaved, double scaling,
                           bool allow_fp64) {
   Params p;
-  rope::set_io(p.rope, q, k, q_out, k_out, rotary_dim, allow_fp64);
+  rope::set_io(p.rope, q, k, q_out, k_out, rotary_dim, "rotary_dim", allow_fp64);
   TORCH_CHECK_VALUE(int(inv_freq.has_value()) + int(cos.has_value()) + int(cache.has_value()) == 1,
                     "exactly one cos/sin source: inv_freq, cos and sin, or cos_sin_cache");
+  // What a table source does not read is refused, not ignored (the Triton twin applies seqlen_offsets and cu_seqlens
+  // to a cache's positions): the Python layer's rules, for direct op calls.
+  TORCH_CHECK_VALUE(inv_freq.has_value() || (!offsets.has_value() && !cu_seqlens.has_value() && scaling == 1.0),
+                    "seqlen_offsets, cu_seqlens and attention_scaling apply to the inv_freq source only");
+  TORCH_CHECK_VALUE(!cos.has_value() || !positions.has_value(),
+                    "cos/sin tables are read per token as given: positions apply to the inv_freq and cos_sin_cache "
+                    "sources");
   if (inv_freq.has_value()) {
     TORCH_CHECK_VALUE(inv_freq->numel() == rotary_dim / 2, "inv_freq must have rotary_dim / 2 = ", rotary_dim / 2,
                       " entries, got ", inv_freq->numel());
@@ -137,6 +144,7 @@ template <typename Launch>
 void forward_inplace(Launch&& launch, bool allow_fp64, const at::Tensor& q, const OptTensor& k,
                      ROPEWKV_QK_SOURCE_PARAMS) {
   const Params p = make_params(q, k, q, k, ROPEWKV_QK_SOURCE_VALUES, allow_fp64);
+  rope::check_inplace(q, k);
   launch(p, q.scalar_type(), precision_from(precision));
 }
 

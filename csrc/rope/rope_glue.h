@@ -2,7 +2,9 @@
 // Torch-facing glue shared by the CPU twin (rope_cpu.cpp) and the CUDA glue (rope_cuda.cpp): argument checks (the
 // second guard behind the Python layer's), tensors -> rope::Params, output allocation, and the three op bodies.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -17,12 +19,14 @@ inline void check_bshd(const at::Tensor& t, const char* name) {
                     t.stride(3));
 }
 
+// rotary_name: where rotary_dim comes from, as the caller gave it (the error names it).
 inline void set_io(Params& p, const at::Tensor& q, const std::optional<at::Tensor>& k, const at::Tensor& q_out,
-                   const std::optional<at::Tensor>& k_out, int64_t rotary_dim, bool allow_fp64) {
+                   const std::optional<at::Tensor>& k_out, int64_t rotary_dim, const char* rotary_name,
+                   bool allow_fp64) {
   check_bshd(q, "q");
   check_io_dtype(q, "q", allow_fp64);
-  TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim >= 0 && rotary_dim <= q.size(3),
-                    "rotary_dim must be even and <= head_dim ", q.size(3), ", got ", rotary_dim);
+  TORCH_CHECK_VALUE(rotary_dim % 2 == 0 && rotary_dim >= 0 && rotary_dim <= q.size(3), rotary_name,
+                    " (the rotary dim) must be even and <= head_dim ", q.size(3), ", got ", rotary_dim);
   p.batch = q.size(0);
   p.seqlen = q.size(1);
   p.hq = q.size(2);
@@ -49,6 +53,37 @@ inline void set_io(Params& p, const at::Tensor& q, const std::optional<at::Tenso
       p.ko_stride[i] = k_out->stride(i);
     }
   }
+}
+
+// Whether the [B, S, H, D] views q and k (one dtype) may share an element: ropewkv/ops/rope.py's _share_memory.
+// Slices of one buffer (a fused qkv projection) share none though their spans interleave: with the same token
+// strides, their spans within a token decide.
+inline bool may_share_memory(const at::Tensor& q, const at::Tensor& k) {
+  if (q.numel() == 0 || k.numel() == 0) return false;
+  bool same_tokens = true;
+  for (int d = 0; d < 2; ++d) same_tokens = same_tokens && (q.size(d) <= 1 || q.stride(d) == k.stride(d));
+  const auto span = [&](const at::Tensor& x) {  // addresses of x's first and last element (in its first token)
+    const auto first = reinterpret_cast<uintptr_t>(x.const_data_ptr());
+    int64_t last = 0;
+    for (int d = same_tokens ? 2 : 0; d < 4; ++d) last += (x.size(d) - 1) * x.stride(d);
+    return std::pair{first, first + x.element_size() * last};
+  };
+  const auto [q_first, q_last] = span(q);
+  const auto [k_first, k_last] = span(k);
+  return q_first <= k_last && k_first <= q_last;
+}
+
+// In place, every element must be rotated exactly once: an expanded q or k, or q and k sharing memory, would have
+// some rotated twice (and raced on by the CPU twin's threads). The Python layer checks this outside torch.compile
+// only; a direct op call reaches here unchecked.
+inline void check_inplace(const at::Tensor& q, const std::optional<at::Tensor>& k) {
+  TORCH_CHECK_VALUE(at::has_internal_overlap(q) != at::MemOverlap::Yes,
+                    "in place, q must not have elements sharing memory (an expanded tensor?); clone it");
+  if (!k.has_value()) return;
+  TORCH_CHECK_VALUE(at::has_internal_overlap(*k) != at::MemOverlap::Yes,
+                    "in place, k must not have elements sharing memory (an expanded tensor?); clone it");
+  TORCH_CHECK_VALUE(!may_share_memory(q, *k), "in place, q and k must not share memory (not one tensor, nor "
+                    "overlapping views)");
 }
 
 inline bool is_index_dtype(const at::Tensor& t) {
@@ -167,7 +202,7 @@ std::vector<at::Tensor> rope_functional(Launch&& launch, bool allow_fp64, const 
                                         at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   std::vector<at::Tensor> out = outputs(q, k);
   Params p;
-  set_io(p, q, k, out[0], second(out), 2 * inv_freq.numel(), allow_fp64);
+  set_io(p, q, k, out[0], second(out), 2 * inv_freq.numel(), "2 * inv_freq.numel()", allow_fp64);
   set_angle_source(p, q, inv_freq, positions, offsets, cu_seqlens, attention_scaling, mrope_section,
                    mrope_interleaved);
   p.interleaved = interleaved;
@@ -183,7 +218,8 @@ void rope_inplace(Launch&& launch, bool allow_fp64, const at::Tensor& q, const s
                   bool interleaved, bool conjugate, double attention_scaling, int64_t precision,
                   at::OptionalIntArrayRef mrope_section, bool mrope_interleaved) {
   Params p;
-  set_io(p, q, k, q, k, 2 * inv_freq.numel(), allow_fp64);
+  set_io(p, q, k, q, k, 2 * inv_freq.numel(), "2 * inv_freq.numel()", allow_fp64);
+  check_inplace(q, k);
   set_angle_source(p, q, inv_freq, positions, offsets, cu_seqlens, attention_scaling, mrope_section,
                    mrope_interleaved);
   p.interleaved = interleaved;
@@ -199,7 +235,7 @@ std::vector<at::Tensor> rope_cos_sin_functional(Launch&& launch, bool allow_fp64
   std::vector<at::Tensor> out = outputs(q, k);
   Params p;
   TORCH_CHECK_VALUE(cos.dim() == 3, "cos must be a [batch, seq, rotary_dim] view, got ", cos.sizes());
-  set_io(p, q, k, out[0], second(out), cos.size(2), allow_fp64);
+  set_io(p, q, k, out[0], second(out), cos.size(2), "cos.size(-1)", allow_fp64);
   set_table_source(p, q, cos, sin, allow_fp64);
   p.interleaved = interleaved;
   p.conjugate = conjugate;

@@ -124,7 +124,8 @@ inline at::Tensor check_grad_state(const std::optional<at::Tensor>& grad, const 
   if (!grad.has_value()) return at::Tensor();
   TORCH_CHECK_VALUE(grad->dim() == 4 && grad->size(0) == in.n_seqs && grad->size(1) == in.heads &&
                         grad->size(2) == in.head_size && grad->size(3) == in.head_size,
-                    "grad_final_state has shape ", grad->sizes());
+                    "grad_final_state must have shape [", in.n_seqs, ", ", in.heads, ", ", in.head_size, ", ",
+                    in.head_size, "] (final_state's), got ", grad->sizes());
   check_same_device(*grad, in.r, "grad_final_state", "r");
   return grad->to(in.state_dtype).contiguous();
 }
