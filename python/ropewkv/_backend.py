@@ -37,7 +37,8 @@ def _try_import(name: str):
 
 _C, _C_error = _try_import("ropewkv._C")
 if torch.version.cuda is None:
-    _C_cuda, _C_cuda_error = None, "the installed torch is a CPU build, so ropewkv._C_cuda was not built"
+    _C_cuda, _C_cuda_error = None, (f"the installed torch is a {'ROCm' if torch.version.hip else 'CPU'} build "
+                                    f"(torch.version.cuda is None), so ropewkv._C_cuda was not built")
 else:
     _C_cuda, _C_cuda_error = _try_import("ropewkv._C_cuda")
 
@@ -65,11 +66,19 @@ def precision_code(precision: str) -> int:
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
+def _no_cuda_device() -> Optional[str]:
+    """Why no CUDA tensor can exist here, or None. Tensors imply their device; a device named (the CLI's --device,
+    available_backends) does not."""
+    if torch.cuda.is_available():
+        return None
+    return f"torch {torch.__version__} sees no CUDA device (torch.version.cuda={torch.version.cuda})"
+
+
 def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
     if not _TRITON_INSTALLED:
         return "triton is not installed"
     if device.type == "cuda":
-        return None
+        return _no_cuda_device()
     if device.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") == "1":
             return None
@@ -88,7 +97,7 @@ def unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
     if backend == "cuda":
         if device.type != "cuda":
             return f"the cuda backend needs CUDA tensors, got {device.type}"
-        return None if _C_cuda is not None else f"ropewkv._C_cuda is unavailable: {_C_cuda_error}"
+        return _no_cuda_device() if _C_cuda is not None else f"ropewkv._C_cuda is unavailable: {_C_cuda_error}"
     if backend == "triton":
         return _triton_unavailable_reason(device)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -33,6 +33,9 @@ MODEL_TOLERANCE = {"llama": Tolerance(None, 1e-5, "fp32 model: a few layers of f
 # the WKV7 state stay fp32. Measured on CPU (--quick): 3.0e-3 (logits), 4.6e-3 (gradients); RWKV7TimeMix alone, over
 # 24 random draws, up to 9.3e-3 and 2.9e-2 (tests/test_nn_rwkv7.py).
 AMP_TOLERANCE = Tolerance(None, 3e-2, "bf16 autocast: bf16 matmul operands, fp32 decay and state")
+# Every claim below is about fp32 math, so every call names it: precision=None is the build default, bf16 in a
+# ROPEWKV_ACCUM=bf16 build, where the rows labelled fp32 would show bf16 errors (and fail fp32 bounds).
+PRECISION = "fp32"
 
 
 @dataclass
@@ -116,7 +119,8 @@ class RWKV7Model(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(2 * layers + 1))
-        self.time_mix = nn.ModuleList(RWKV7TimeMix(hidden, head_size, i, layers) for i in range(layers))
+        self.time_mix = nn.ModuleList(RWKV7TimeMix(hidden, head_size, i, layers, precision=PRECISION)
+                                      for i in range(layers))
         self.channel_mix = nn.ModuleList(ChannelMix(hidden) for _ in range(layers))
         self.head = nn.Linear(hidden, vocab, bias=False)
         with torch.no_grad():  # trained-like weights: RWKV-LM initialises LoRAs and output projections to zero
@@ -165,11 +169,11 @@ def rope_rows(s: Sizes, device, backend: str):
         cos, sin = (torch.cat((f, f), -1).to(dtype) for f in (freqs.cos(), freqs.sin()))
         want = rope_reference.hf_apply_rotary_pos_emb(*(t.double() for t in (q, k, cos, sin)))
         hf = hf_apply_rotary_pos_emb()(q, k, cos, sin)
-        ours = apply_rotary_pos_emb(q, k, cos, sin, backend=backend)
-        for who, got, tol in (("ours", ours, rope_tolerance(dtype, "fp32", backend, device)),
+        ours = apply_rotary_pos_emb(q, k, cos, sin, backend=backend, precision=PRECISION)
+        for who, got, tol in (("ours", ours, rope_tolerance(dtype, PRECISION, backend, device)),
                               ("HF eager", hf, LOW_MATH.get(dtype, rope_tolerance(dtype, "fp32", backend, device)))):
             rows.append(rotation_measure(f"apply_rotary_pos_emb q ({who})", backend if who == "ours" else "eager",
-                                         "fp32" if who == "ours" else DTYPE_NAMES[dtype], got[0], want[0], tol,
+                                         PRECISION if who == "ours" else DTYPE_NAMES[dtype], got[0], want[0], tol,
                                          head_dim, False))
     return rows
 
@@ -181,16 +185,16 @@ def wkv7_rows(s: Sizes, device, backend: str):
         x = rwkv7_inputs(s.batch, s.seqlen, heads, s.rwkv_head, dtype, "raw", seeded(2), device, initial_state=True)
         args = [x[n] for n in "rwkvab"]
         y, state = wkv7(*args, initial_state=x["initial_state"], output_final_state=True, decay="raw",
-                        backend=backend)
+                        precision=PRECISION, backend=backend)
         y64, state64 = rwkv7_reference.wkv7(*args, initial_state=x["initial_state"], output_final_state=True,
                                             decay="raw")
-        tol = wkv7_tolerance(dtype, "fp32", s.seqlen)
-        rows.append(measure("wkv7 y", backend, "fp32", y, y64, tol))
-        rows.append(measure("wkv7 final state", backend, "fp32", state, state64, tol, dtype))
+        tol = wkv7_tolerance(dtype, PRECISION, s.seqlen)
+        rows.append(measure("wkv7 y", backend, PRECISION, y, y64, tol))
+        rows.append(measure("wkv7 final state", backend, PRECISION, state, state64, tol, dtype))
         y, state = wkv7(*args, initial_state=x["initial_state"], output_final_state=True, decay="raw",
-                        backend=backend, algorithm="chunked")
-        rows.append(measure("wkv7 y (chunked)", backend, "fp32", y, y64, tol))
-        rows.append(measure("wkv7 final state (chunked)", backend, "fp32", state, state64, tol, dtype))
+                        precision=PRECISION, backend=backend, algorithm="chunked")
+        rows.append(measure("wkv7 y (chunked)", backend, PRECISION, y, y64, tol))
+        rows.append(measure("wkv7 final state (chunked)", backend, PRECISION, state, state64, tol, dtype))
     return rows
 
 
@@ -207,7 +211,8 @@ def rope_error_vs_position(device, head_dim: int = 128, per_octave: int = 3):
     exact_cos, exact_sin = rope_reference.cos_sin(positions, inv_freq, dtype=torch.float64)
     unit = torch.zeros(1, len(positions), 1, head_dim)
     unit[..., : head_dim // 2] = 1.0  # pair (1, 0) rotates to (cos, sin)
-    ours = rope(unit.to(device), inv_freq=inv_freq.to(device), positions=positions.view(1, -1).to(device)).cpu()
+    ours = rope(unit.to(device), inv_freq=inv_freq.to(device), positions=positions.view(1, -1).to(device),
+                precision=PRECISION).cpu()
     angle32 = positions.float()[:, None] * inv_freq
     curves = {"ropewkv (fp32, in-kernel angle)": (ours[0, :, 0, : head_dim // 2], ours[0, :, 0, head_dim // 2:]),
               "HF eager fp32": (angle32.cos(), angle32.sin()),
@@ -219,14 +224,14 @@ def rope_error_vs_position(device, head_dim: int = 128, per_octave: int = 3):
 
 def patched_model_story(model, ids, device) -> str:
     """The rotated q and k inside the bf16 Llama at positions 2^20 - S .. 2^20 - 1, against the exact rotation of what
-    attention handed RoPE: HF eager, ropewkv.patch.transformers (exact fp32 tables, the default) and its bit-equal-to-HF
-    precision="bf16" mode."""
+    attention handed RoPE: HF eager, ropewkv.patch.transformers at precision="fp32" (exact fp32 tables, the default of
+    an fp32 build) and its bit-equal-to-HF precision="bf16" mode."""
     model = copy.deepcopy(model).to(torch.bfloat16)
     seqlen = ids.shape[1]
     position_ids = (2**20 - seqlen + torch.arange(seqlen, device=device)).expand(ids.shape[0], seqlen)
     rows = [("HF eager (fp32 angle, bf16 cos/sin, bf16 math)", model_rotation_error(model, ids, position_ids))]
-    with patch.transformers(model):
-        rows.append(("ropewkv.patch.transformers (default: exact fp32 tables)",
+    with patch.transformers(model, precision=PRECISION):
+        rows.append(('ropewkv.patch.transformers(precision="fp32"): exact fp32 tables',
                      model_rotation_error(model, ids, position_ids)))
     with patch.transformers(model, precision="bf16"):
         rows.append(('ropewkv.patch.transformers(precision="bf16"), bit-equal to HF',
@@ -288,10 +293,10 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
     with torch.no_grad():
         want = copy.deepcopy(model).double()(ids).logits
         eager_logits = model(ids).logits
-        with patch.transformers(model):
+        with patch.transformers(model, precision=PRECISION):
             patched_logits = model(ids).logits
     rows.append(measure("Llama logits (HF eager)", "eager", "fp32", eager_logits, want, MODEL_TOLERANCE["llama"]))
-    rows.append(measure("Llama logits (patched)", backend, "fp32", patched_logits, want, MODEL_TOLERANCE["llama"]))
+    rows.append(measure("Llama logits (patched)", backend, PRECISION, patched_logits, want, MODEL_TOLERANCE["llama"]))
 
     progress(f"RWKV-7 ({s.layers} layers, hidden {s.hidden}, head {s.rwkv_head}): a training step in fp32 and in "
              "bf16 autocast (the decay in fp32), against fp64")
@@ -303,8 +308,8 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
     for label, autocast, tol in (("fused", False, MODEL_TOLERANCE["rwkv7"]),
                                  ("fused, bf16 autocast", True, AMP_TOLERANCE)):
         logits, grads = training_step(rwkv, ids, autocast)
-        rows.append(measure(f"RWKV-7 logits ({label})", backend, "fp32", logits, want_logits, tol))
-        rows.append(measure(f"RWKV-7 gradients ({label})", backend, "fp32", grads, want_grads, tol,
+        rows.append(measure(f"RWKV-7 logits ({label})", backend, PRECISION, logits, want_logits, tol))
+        rows.append(measure(f"RWKV-7 gradients ({label})", backend, PRECISION, grads, want_grads, tol,
                             dtype=logits.dtype))
 
     progress("timing (best of several runs)")
@@ -315,15 +320,17 @@ def main(device: Optional[str] = None, quick: bool = False, out: Optional[str] =
     cos, sin = (torch.randn(s.batch, s.seqlen, head_dim, device=dev) for _ in range(2))
     hf_rope = hf_apply_rotary_pos_emb()
     speed.append(("apply_rotary_pos_emb fwd", timed(lambda: hf_rope(q, k, cos, sin), dev, s.reps * 10),
-                  timed(lambda: apply_rotary_pos_emb(q, k, cos, sin, backend=backend), dev, s.reps * 10)))
+                  timed(lambda: apply_rotary_pos_emb(q, k, cos, sin, backend=backend, precision=PRECISION), dev,
+                        s.reps * 10)))
     x = rwkv7_inputs(s.batch, s.seqlen, s.hidden // s.rwkv_head, s.rwkv_head, torch.float32, "raw", seeded(4), dev)
     args = [x[n] for n in "rwkvab"]
-    eager_ms = timed(lambda: wkv7(*args, decay="raw", backend="reference"), dev, s.reps)
-    speed.append(("wkv7 fwd", eager_ms, timed(lambda: wkv7(*args, decay="raw", backend=backend), dev, s.reps)))
+    eager_ms = timed(lambda: wkv7(*args, decay="raw", precision=PRECISION, backend="reference"), dev, s.reps)
+    speed.append(("wkv7 fwd", eager_ms, timed(lambda: wkv7(*args, decay="raw", precision=PRECISION, backend=backend),
+                                              dev, s.reps)))
     speed.append(("wkv7 fwd (chunked)", eager_ms, timed(
-        lambda: wkv7(*args, decay="raw", backend=backend, algorithm="chunked"), dev, s.reps)))
+        lambda: wkv7(*args, decay="raw", precision=PRECISION, backend=backend, algorithm="chunked"), dev, s.reps)))
     eager_ms = timed(lambda: training_step(model, ids), dev, s.reps)
-    with patch.transformers(model):
+    with patch.transformers(model, precision=PRECISION):
         speed.append(("Llama fwd+bwd", eager_ms, timed(lambda: training_step(model, ids), dev, s.reps)))
     rwkv.set_backend("reference")
     eager_ms = timed(lambda: training_step(rwkv, ids), dev, s.reps)
