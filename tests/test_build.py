@@ -2,6 +2,7 @@
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,6 +71,37 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ropewkv.BackendUnavailableError, match="TRITON_INTERPRET=1"):
         _backend.resolve_backend("triton", torch.device("cpu"))
+
+
+_TRITON_ON_CPU = """
+import sys, torch, ropewkv
+from ropewkv.testing import seeded
+from ropewkv.testing import rwkv7 as parity
+gen = seeded(5)
+q = torch.randn(1, 64, 2, 64, generator=gen)
+inv_freq = (1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)).float()
+rotated = ropewkv.rope(q, inv_freq=inv_freq, positions=torch.randint(0, 10**5, (1, 64), generator=gen),
+                       precision="fp32", backend="triton")
+x = parity.rwkv7_inputs(1, 20, 1, 32, torch.bfloat16, "loglog", gen, "cpu", True)
+y, _ = ropewkv.wkv7(*(x[n] for n in "rwkvab"), initial_state=x["initial_state"], precision="bf16", backend="triton",
+                    algorithm="chunked")
+torch.save((rotated, y), sys.argv[1])
+"""
+
+
+def test_triton_interpret_is_read_as_triton_reads_it(tmp_path):
+    """Triton interprets under TRITON_INTERPRET=true (or on, yes) as under 1; ropewkv read only "1", so it refused
+    Triton on CPU tensors there, and on a GPU the kernels would have taken their compiled paths inside the
+    interpreter (its tl.fma rounds the product: RoPE's exact rotation differed in 7,623 of 8,192 elements). RoPE
+    fp32 and the chunked WKV7's bf16 dots under "true" equal their runs under "1", bit for bit."""
+    outputs = {}
+    for value in ("1", "true"):
+        out = tmp_path / f"{value}.pt"
+        env = dict(os.environ, TRITON_INTERPRET=value)
+        subprocess.run([sys.executable, "-c", _TRITON_ON_CPU, str(out)], env=env, check=True, timeout=300)
+        outputs[value] = torch.load(out)
+    for a, b in zip(outputs["1"], outputs["true"]):
+        assert torch.equal(a, b)
 
 
 def test_precision_resolution():

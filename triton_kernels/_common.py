@@ -1,12 +1,11 @@
 """Shared Triton helpers: the interpreter flag, the one dot product every kernel routes through, and the exact fp32
 building blocks (a single-rounding fma, C's rintf) that the shared math headers' polynomials are mirrored with."""
-import os
-
 import triton
 import triton.language as tl
 
-# Read once, at import, exactly as @triton.jit does.
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+# Read once, at import, as @triton.jit does, and through Triton's own parser: it takes "true", "on" and "yes" too (with
+# == "1", a GPU run under TRITON_INTERPRET=true was interpreted with the compiled paths' fma and dots, wrong there).
+INTERPRETING = triton.knobs.runtime.interpret
 
 
 @triton.jit

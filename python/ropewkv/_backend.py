@@ -80,7 +80,9 @@ def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
     if device.type == "cuda":
         return _no_cuda_device()
     if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        from triton import knobs  # imported on first use: only Triton on CPU tensors asks
+
+        if knobs.runtime.interpret:  # Triton's own reading of TRITON_INTERPRET (1, true, on, yes)
             return None
         return "Triton runs CPU tensors only under TRITON_INTERPRET=1 (set before ropewkv is imported)"
     return f"Triton does not run on {device.type} tensors"

@@ -59,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._common import INTERPRETING
 from .recurrent import _log_decay, _rne_bf16, _sequence, launch_grid
 from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
@@ -607,12 +608,6 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         _store_rows(db_ptr + row0 + j0, rows_at_i, db, LOW_PRECISION, valid)
 
 
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _check_row_offsets(heads: int, n: int):
     """The kernels address a chunk's token rows by a 64-bit base and 32-bit offsets up to L rows of H N elements."""
     if heads * n * CHUNK >= 2**31:
@@ -653,7 +648,7 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
         v, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens, prep, y,
         final_state, final_state if checkpoints is None else checkpoints, seqlen, heads, N=n, L=CHUNK, BK=min(n, 16),
         BV=VALUE_BLOCK[n], PREP=prep.shape[-1], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots,
-        INTERPRET=_interpreting(), HAS_S0=initial_state is not None, VARLEN=cu_seqlens is not None,
+        INTERPRET=INTERPRETING, HAS_S0=initial_state is not None, VARLEN=cu_seqlens is not None,
         SAVE=checkpoints is not None, num_warps=STATE_NUM_WARPS[n])
 
 
@@ -673,9 +668,9 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
     flags = dict(N=n, L=CHUNK, BK=min(n, 16), PREP=prep.shape[-1], VARLEN=cu_seqlens is not None)
     _chunked_state_bwd_kernel[launch_grid(n_seqs, heads, n // VALUE_BLOCK[n])](
         grad_y, grad_initial if grad_final is None else grad_final, cu, prep, state_grads, grad_initial, seqlen, heads,
-        BV=VALUE_BLOCK[n], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=_interpreting(),
+        BV=VALUE_BLOCK[n], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=INTERPRETING,
         HAS_GST=grad_final is not None, num_warps=STATE_NUM_WARPS[n], **flags)
     _chunked_bwd_kernel[(prep.shape[0] * heads,)](
         r, w, k, v, a, b, cu, checkpoints, grad_y, state_grads, prep, scratch, *grads, seqlen, heads, n_seqs,
-        DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=_interpreting(),
+        DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision, BF16_DOTS=bf16_dots, INTERPRET=INTERPRETING,
         num_warps=BWD_NUM_WARPS[n], **flags)
