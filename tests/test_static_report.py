@@ -318,3 +318,47 @@ def test_wkv7_constants_are_the_kernels():
     assert chunked == {constants["chunked_threads"]}
     backward = {n: model._wkv7(True, 32, n, constants) for n in (64, 128)}
     assert backward[64].inner_trips == 0 and backward[128].inner_trips == 2
+
+
+def test_program_search_loop_takes_its_own_trips():
+    """The chunked Triton one-chunk programs first search for their sequence (log2 of the sequences: 3 trips at the
+    benchmark's 8), then run their slice loops N / 16 times each."""
+    from tools.static_report import model
+
+    def loop(address, work):
+        return kernels.Loop(address, work, sass.Path(work), sass.Path(work))
+
+    kernel = kernels.Kernel("k", "triton", "m", "k", 128, 0, 0, 0, 0, 128, sass.Path(100),
+                            [loop(0x100, 28), loop(0x200, 10), loop(0x300, 6)])
+    assert model.program_with_loop_trips(kernel, 4, search_trips=3).instructions == 100 + 2 * 28 + 3 * (10 + 6)
+    assert model.program_with_loop_trips(kernel, 4).instructions == 100 + 3 * (28 + 10 + 6)
+
+
+def test_triton_chunked_wkv7_entries_specialise_as_the_benchmark():
+    """Triton compiles an integer argument equal to 1 as a constant: the chunked kernels' sequence count must not be
+    1 in the registry's launches when it is 8 at the benchmark (the prep and gradients kernels' search for their
+    sequence compiled away)."""
+    if _common.INTERPRETING:
+        run_without_interpreter(__file__, "test_triton_chunked_wkv7_entries_specialise_as_the_benchmark")
+        return
+    import torch
+
+    from ropewkv.triton_kernels.rwkv7 import chunked
+    from tools.static_report.triton_sm90 import captured_launches
+
+    def specialisation(launches):  # what Triton's binder keys an integer argument on
+        return [[(arg == 1, arg % 16 == 0) for arg in args if type(arg) is int] for _, args, _ in launches]
+
+    for n, heads in ((64, 64), (128, 32)):
+        b, t = 8, 4096  # the benchmark's shape, on the meta device (nothing allocated)
+        x = torch.empty(b, t, heads, n, dtype=torch.bfloat16, device="meta")
+        state = torch.empty(b, heads, n, n, device="meta")
+        checkpoints = torch.empty(chunked.checkpoint_slots(b * t, b), heads, n, n, device="meta")
+        with captured_launches() as benchmark:
+            chunked.wkv7_forward(x, x, x, x, x, x, None, None, x, state, checkpoints, "loglog", False, False)
+            chunked.wkv7_backward(x, x, x, x, x, x, None, checkpoints, x, state, [x] * 6, state, "loglog", False,
+                                  False)
+        with captured_launches() as registry:
+            kernels.wkv7_chunked_launches(n, heads)
+            kernels.wkv7_chunked_launches(n, heads, backward=True)
+        assert specialisation(registry) == specialisation(benchmark), n

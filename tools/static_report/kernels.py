@@ -3,7 +3,8 @@
 CUDA kernels are discovered (every __global__ function of every .cu under csrc/). Triton kernels are a registry,
 TRITON: one entry per main specialisation, a function that calls a launcher once with small tensors whose dtypes,
 head counts, head size and divisibility are those of the benchmark shape (Triton specialises on those, not on the
-batch or sequence length). Another kernel joins with one entry.
+sequence length; an integer argument equal to 1 becomes a constant, so a launcher that passes its sequence count gets
+the benchmark's batch). Another kernel joins with one entry.
 """
 from __future__ import annotations
 
@@ -136,16 +137,17 @@ def wkv7_launches(n, heads, *, backward=False, tokens=16, decay="loglog", low_pr
                                low_precision)
 
 
-def wkv7_chunked_launches(n, heads, *, backward=False, tokens=32, low_precision=False):
-    """One chunked WKV7 forward (or backward) launch, bf16 [1, tokens, heads, n]; low_precision: precision="bf16"
-    (its split bf16 tensor-core products)."""
+def wkv7_chunked_launches(n, heads, *, backward=False, tokens=32, low_precision=False, batch=8):
+    """One chunked WKV7 forward (or backward) launch, bf16 [batch, tokens, heads, n]; low_precision: precision="bf16"
+    (its split bf16 tensor-core products). The prep and gradients kernels take the sequence count: at 1 (a constant
+    for Triton) their search for a program's sequence compiles away, at the benchmark's 8 it is a loop."""
     import torch
 
     from ropewkv.triton_kernels.rwkv7 import chunked
 
-    x = torch.empty(1, tokens, heads, n, dtype=torch.bfloat16)
-    state = torch.empty(1, heads, n, n)
-    checkpoints = torch.empty(chunked.checkpoint_slots(tokens, 1), heads, n, n)
+    x = torch.empty(batch, tokens, heads, n, dtype=torch.bfloat16)
+    state = torch.empty(batch, heads, n, n)
+    checkpoints = torch.empty(chunked.checkpoint_slots(batch * tokens, batch), heads, n, n)
     if backward:
         chunked.wkv7_backward(x, x, x, x, x, x, None, checkpoints, x, state, [x] * 6, state, "loglog",
                               low_precision, low_precision)

@@ -44,8 +44,9 @@ The model (stated in the report too):
   per wave of blocks, the bounds above with I the block's whole program.
 - The Triton chunked kernels run in several launches, each its own row (their times add): programs of one chunk
   each (the forward's and backward's prep, the backward's gradients) and passes over the chunks in order (the
-  forward's state pass, the backward's state cotangent pass). A one-chunk program runs its 16-column slice loops
-  N / 16 times each (a loop nested in one N / 16 times per outer iteration: Workload.loop_trips), is independent of
+  forward's state pass, the backward's state cotangent pass). A one-chunk program searches for its sequence (its
+  first loop: log2 of the sequences times, Workload.search_trips), then runs its 16-column slice loops N / 16 times
+  each (a loop nested in one N / 16 times per outer iteration: Workload.loop_trips), is independent of
   every other (its chain per wave of programs, as the gradients kernel's), and its bytes are named by the workload,
   the temporary buffers between the launches included (the prep, the backward's per-chunk state cotangents). The
   passes are chunked kernels as above.
@@ -111,6 +112,8 @@ class Workload:
     cuda_staging_share: float = 0.0
     # > 0: a program's work is one chunk, every loop taken this many times per iteration of the code around it.
     loop_trips: int = 0
+    # > 0: but its first loop (address order), the binary search for the program's sequence, this many times.
+    search_trips: int = 0
     # CUDA, a program's work is one chunk: each loop's trips per iteration of the code around it, loops in address
     # order (where they differ; loop_trips where they do not).
     cuda_loop_trips: tuple = ()
@@ -259,7 +262,8 @@ def _wkv7_chunked_triton(heads: int, n: int) -> list:
     state = b * heads * n * n * 4
     pass_blocks = b * heads * (n // chunked.VALUE_BLOCK[n])
     title = f"B{b} T{t} H{heads} N{n} bf16"
-    per_chunk = dict(unit="token-head", units=b * t * heads, loop_trips=n // 16, blocks=chunk_heads)
+    per_chunk = dict(unit="token-head", units=b * t * heads, loop_trips=n // 16, search_trips=(b - 1).bit_length(),
+                     blocks=chunk_heads)
     in_order = dict(unit="token-head", units=b * t * heads, tokens=t, chunk=length, inner_trips=n // 16,
                     blocks=pass_blocks)
     found = [Workload(f"WKV7 chunked fwd prep {title}", read=5 * tensor, written=prep,
@@ -365,13 +369,14 @@ def chunk_iteration(kernel, workload: Workload) -> Path:
     return outer.work + _times(more, workload.inner_trips - 1)
 
 
-def program_with_loop_trips(kernel, trips: tuple | int) -> Path:
+def program_with_loop_trips(kernel, trips: tuple | int, search_trips: int = 0) -> Path:
     """A program's work path with each loop (kernel.loops and kernel.outer_loops in address order) taken trips[i]
-    times per iteration of the code around it (or every loop `trips` times): a loop's own body (without the loops
-    nested in it) counted the product of its trips and those of every loop around it."""
+    times per iteration of the code around it (or every loop `trips` times, the first `search_trips` times if given):
+    a loop's own body (without the loops nested in it) counted the product of its trips and those of every loop
+    around it."""
     loops = sorted(kernel.loops + kernel.outer_loops, key=lambda loop: loop.address)
     if isinstance(trips, int):
-        trips = (trips,) * len(loops)
+        trips = (search_trips or trips, *(trips,) * (len(loops) - 1)) if loops else ()
     if len(loops) != len(trips):
         raise LookupError(f"{kernel.key}: {len(loops)} loops, the model names trips for {len(trips)}; update "
                           "tools/static_report/model.py to the kernel as it is now")
@@ -467,7 +472,7 @@ def predict(kernel, workload: Workload) -> Prediction:
         per_token = Path(instructions=round(per_step.instructions * steps / workload.tokens))
     elif loop_trips := (workload.cuda_loop_trips if not triton else ()) or workload.loop_trips:
         per_token, scratch = None, 0
-        program = program_with_loop_trips(kernel, loop_trips).instructions
+        program = program_with_loop_trips(kernel, loop_trips, workload.search_trips).instructions
         thread_instructions = program * blocks * threads
         # Each wave's blocks run their whole program as one chain (I = the program's instructions, one exposed DRAM
         # latency): the bounds of the chunked kernels, per wave instead of per chunk.
