@@ -104,6 +104,14 @@ def test_triton_interpret_is_read_as_triton_reads_it(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_triton_interprets_agrees_with_triton(monkeypatch):
+    from triton import knobs
+
+    for value in ("1", "true", "TRUE", "On", "yes", "Y", "0", "2", "t", "false", " 1", ""):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert _backend.triton_interprets() == knobs.runtime.interpret, value
+
+
 def test_precision_resolution():
     assert _backend.resolve_precision(None) == ropewkv.build_precision()
     assert _backend.resolve_precision("bf16") == "bf16"

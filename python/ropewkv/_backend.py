@@ -74,15 +74,19 @@ def _no_cuda_device() -> Optional[str]:
     return f"torch {torch.__version__} sees no CUDA device (torch.version.cuda={torch.version.cuda})"
 
 
+def triton_interprets() -> bool:
+    """TRITON_INTERPRET as Triton reads it (triton.knobs.runtime.interpret: 1, true, on, yes, y, any case), in Python:
+    torch.compile traces this check, and not Triton's C++ reader."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes", "y")
+
+
 def _triton_unavailable_reason(device: torch.device) -> Optional[str]:
     if not _TRITON_INSTALLED:
         return "triton is not installed"
     if device.type == "cuda":
         return _no_cuda_device()
     if device.type == "cpu":
-        from triton import knobs  # imported on first use: only Triton on CPU tensors asks
-
-        if knobs.runtime.interpret:  # Triton's own reading of TRITON_INTERPRET (1, true, on, yes)
+        if triton_interprets():
             return None
         return "Triton runs CPU tensors only under TRITON_INTERPRET=1 (set before ropewkv is imported)"
     return f"Triton does not run on {device.type} tensors"
