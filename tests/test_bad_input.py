@@ -516,3 +516,50 @@ def test_cpp_wkv7_backward_grad_state_error_says_the_shape_expected(op):
     y, final_state, checkpoints = torch.ops.ropewkv.wkv7_forward(*xs, None, None, 0, 0, True)
     with pytest.raises(ValueError, match=r"grad_final_state must have shape \[1, 2, 16, 16\] .*got \[1, 1, 16, 16\]"):
         getattr(torch.ops.ropewkv, op)(torch.ones_like(y), final_state[:, :1], *xs, None, None, checkpoints, 0, 0)
+
+
+def _triton_op_calls(device):
+    """Direct calls of the Triton twin's ops with a tensor of another shape than the kernels index by: (call, error)."""
+    ops = torch.ops.ropewkv
+    q, inv, none3 = torch.randn(4, 3, 2, 8, device=device), torch.rand(4, device=device), (None, None, None)
+    positions = torch.zeros(4, 3, dtype=torch.int64, device=device)
+
+    def rope(q=q, inv=inv, positions=None, offsets=None, cu=None, section=None):
+        offsets, cu = (None if x is None else torch.tensor(x, device=device) for x in (offsets, cu))
+        return ops.rope_triton(q, None, inv, positions, offsets, cu, False, False, 1.0, 0, section, False)
+
+    def qk(weight=None, inv=None, cache=None, positions=None):
+        return ops.qk_norm_rope_triton(q, None, weight, None, 1e-6, 0.0, inv, None, None, cache, positions, None, None,
+                                       8, False, 1.0, 0)
+
+    def grad_q():
+        return ops.qk_norm_rope_backward_triton(q[..., :4], None, q, None, None, None, 1e-6, 0.0, inv, *none3, None,
+                                                None, None, 8, False, 1.0, 0)
+
+    table = torch.ones(1, 3, 8, device=device)
+    return {
+        "seqlen_offsets": (lambda: rope(offsets=[5]), r"seqlen_offsets must be contiguous \[4\]"),
+        "positions": (lambda: rope(positions=positions[:1]), r"positions must be a \[batch, seq\] view"),
+        "mrope positions": (lambda: rope(section=[1, 1, 2]), r"positions must be a \[3, batch, seq\] view"),
+        "cu_seqlens": (lambda: rope(cu=[0, 12]), "cu_seqlens must be contiguous 1-D"),
+        "rotary_dim": (lambda: rope(inv=torch.rand(8, device=device)), "rotary_dim must be even and <= head_dim 8"),
+        "q stride": (lambda: rope(q=torch.randn(4, 3, 2, 16, device=device)[..., ::2]), "q must have stride 1"),
+        "cos": (lambda: ops.rope_cos_sin_triton(q, None, table, table, False, False, 0),
+                r"cos must be a \[batch, seq, rotary_dim\] view"),
+        "inv_freq": (lambda: qk(inv=torch.rand(2, device=device)), "inv_freq must have rotary_dim / 2 = 4 entries"),
+        "cos_sin_cache": (lambda: qk(cache=torch.randn(16, 6, device=device), positions=positions),
+                          "cos_sin_cache must be a"),
+        "q_weight": (lambda: qk(weight=torch.randn(6, device=device), inv=inv), r"q_weight must be contiguous \[head_"),
+        "grad_q": (grad_q, "grad_q must have the shape of q"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_triton_op_calls("cpu")))
+def test_triton_ops_check_what_their_kernels_index_by(device, case):
+    """The Triton twin's ops called directly (torch.ops.ropewkv.*_triton) with an index tensor, table, weight or grad
+    of another shape than the kernels index by read out of bounds (the C++ glue refuses them): a ValueError names it."""
+    if "triton" not in kernel_backends(device):
+        pytest.skip("no Triton twin on this device")
+    call, message = _triton_op_calls(device)[case]
+    with pytest.raises(ValueError, match=message):
+        call()

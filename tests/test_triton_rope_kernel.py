@@ -15,6 +15,7 @@ fp16/bf16 0.50 ulp at the pair norm and at most 0.86 (fp16) / 0.52 (bf16) ulp by
     (the foundation's bound for one final rounding).
 """
 import math
+import re
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from ropewkv.reference import rope as reference
 from ropewkv.testing import max_ulp_error, seeded, ulp
 from ropewkv.testing.rope import rope_input, rope_inv_freq
 from ropewkv.triton_kernels import rope as kernels
-from triton_sm90 import captured_launches, ptx_for_sm90, run_without_interpreter
+from triton_sm90 import captured_launches, compile_for_sm90, ptx_for_sm90, run_without_interpreter
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP32_PAIR_ULP = 8.0
@@ -330,3 +331,36 @@ def test_compiles_for_nvidia_as_intended():
     q32 = torch.empty(1, 2, 32, 128, dtype=torch.bfloat16)
     ptx = rope_ptx(kernels.rope_forward, q32, None, q32, None, inv_freq, None, None, None, True, False, 1.0, False)
     assert "ld.global.v4" in ptx and "st.global.v4" in ptx
+
+
+def int32_argument_products(ttir: str) -> list:
+    """The i32 multiplies of a TTIR that take a kernel argument (as it is, or splat): a stride times a dim or a row
+    that wraps past 2^31 before it reaches an address."""
+    signature = ttir[ttir.index("tt.func"):].split(" attributes", 1)[0]
+    source = {name: name for name in re.findall(r"%(\w+): i32", signature)}
+    source.update((value, arg) for value, arg in re.findall(r"%(\w+) = tt\.splat %(\w+)", ttir) if arg in source)
+    return [line.strip() for line in ttir.splitlines()
+            if (m := re.search(r"arith\.muli %(\w+), %(\w+) : (?:i32|tensor<\S*xi32>)", line))
+            and (m[1] in source or m[2] in source)]
+
+
+def test_no_int32_products_of_strides():
+    """Compiled, every address product is int64: a table read with a large dim stride (a transposed [R, S] table's
+    stride S: R * S passes 2^31 at S = 2^24) and M-RoPE's width row (2 * row stride from 2^30) were int32 products."""
+    if kernels.INTERPRETING:
+        run_without_interpreter(__file__, "test_no_int32_products_of_strides")
+        return
+    from ropewkv.triton_kernels import qk_norm_rope as qk_kernels
+
+    q = torch.empty(1, 6, 2, 80, dtype=torch.bfloat16)
+    table = torch.empty(1, 64, 6).transpose(1, 2)  # dim stride 6
+    positions = torch.zeros(3, 1, 6, dtype=torch.int64)
+    w = torch.empty(80)
+    with captured_launches() as launches:
+        kernels.rope_cos_sin_forward(q, q, q, q, table, table, False, False, False)
+        kernels.rope_forward(q, q, q, q, rope_inv_freq(64), positions, None, None, False, False, 1.0, False,
+                             [8, 12, 12], True)
+        qk_kernels.backward(q, q, q, q, q, q, w, w, 1e-6, 0.0, None, table, table, None, None, None, None, 64, True,
+                            1.0)
+    for launch in launches:
+        assert int32_argument_products(compile_for_sm90(*launch)[0].asm["ttir"]) == [], launch[0].fn.__name__

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRETING
-from .rope import HEAD_BLOCK_ELEMENTS, _round_to, _strides, _token_cos_sin, _token_position, check_k
+from .rope import HEAD_BLOCK_ELEMENTS, _round_to, _strides, _token_cos_sin, _token_position, check_indexed
 
 CHUNK_TOKENS = 16  # = qk_norm_rope::kChunkTokens
 SOURCE_ANGLE, SOURCE_TABLE, SOURCE_CACHE = 0, 1, 2
@@ -242,12 +242,23 @@ def _backward_kernel(gq_ptr, gk_ptr, q_ptr, k_ptr, dq_ptr, dk_ptr, wq_ptr, wk_pt
             tl.store(dwk_ptr + row + 2 * HALF + rest, dwkr, mask=rest_mask)
 
 
-def _common(q, k, q_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets, cu_seqlens, rotary_dim,
+def _common(q, k, q_weight, k_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets, cu_seqlens, rotary_dim,
             interleaved, attention_scaling, eps, weight_offset):
     """(positional args shared by both kernels after the tensors of q/k, their keyword constexprs), or None when there
     is nothing to do."""
-    check_k(q, k)
+    check_indexed(q, k, rotary_dim, positions, seqlen_offsets, cu_seqlens, cos, sin)
     batch, seqlen, n_qheads, head_dim = q.shape
+    # The rest of what the kernels index by (the C++ glue's checks): a frequency per pair, a cache row of rotary_dim,
+    # weights of head_dim.
+    if inv_freq is not None and inv_freq.numel() != rotary_dim // 2:
+        raise ValueError(f"inv_freq must have rotary_dim / 2 = {rotary_dim // 2} entries, got {inv_freq.numel()}")
+    if cache is not None and (cache.dim() != 2 or cache.shape[0] == 0 or cache.shape[1] != rotary_dim
+                              or cache.stride(1) != 1 or positions is None):
+        raise ValueError(f"cos_sin_cache must be a [max_position > 0, rotary_dim = {rotary_dim}] tensor with stride 1 "
+                         f"in its last dim, read at positions, got {list(cache.shape)}")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w is not None and (w.dim() != 1 or not w.is_contiguous() or w.numel() != head_dim):
+            raise ValueError(f"{name} must be contiguous [head_dim = {head_dim}], got {list(w.shape)}")
     n_kheads = k.shape[2] if k is not None else 0
     if batch * seqlen == 0 or (n_qheads == 0 and n_kheads == 0) or head_dim == 0:
         return None
@@ -284,8 +295,8 @@ def forward(q, k, q_out, k_out, q_weight, k_weight, eps, weight_offset, inv_freq
     of inv_freq (fp32 [R/2]), cos/sin ([B, S, R] views) or cache ([max_position, R], stride(-1) == 1); positions,
     seqlen_offsets, cu_seqlens as rope.rope_forward.
     """
-    launch = _common(q, k, q_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets, cu_seqlens, rotary_dim,
-                     interleaved, attention_scaling, eps, weight_offset)
+    launch = _common(q, k, q_weight, k_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets, cu_seqlens,
+                     rotary_dim, interleaved, attention_scaling, eps, weight_offset)
     if launch is None:
         return
     tensors, scalars, table_strides, constexprs = launch
@@ -300,8 +311,13 @@ def backward(grad_q, grad_k, q, k, dq, dk, q_weight, k_weight, eps, weight_offse
              positions, seqlen_offsets, cu_seqlens, rotary_dim, interleaved, attention_scaling):
     """dq (dk) from the cotangents and the saved inputs; returns the weights' gradients (compute dtype [D], summed
     over the chunks' partials in chunk order) or (None, None) without weights."""
-    launch = _common(q, k, q_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets, cu_seqlens, rotary_dim,
-                     interleaved, attention_scaling, eps, weight_offset)
+    for name, grad, x in (("grad_q", grad_q, q), ("grad_k", grad_k, k)):
+        if (grad is None) != (x is None) or (grad is not None and (grad.shape != x.shape
+                                                                   or grad.shape[-1] > 1 and grad.stride(-1) != 1)):
+            raise ValueError(f"{name} must have the shape of {name[5:]} with stride 1 in its last dim, got "
+                             f"{None if grad is None else list(grad.shape)}")
+    launch = _common(q, k, q_weight, k_weight, inv_freq, cos, sin, cache, positions, seqlen_offsets, cu_seqlens,
+                     rotary_dim, interleaved, attention_scaling, eps, weight_offset)
     batch, seqlen, _, head_dim = q.shape
     chunks = triton.cdiv(batch * seqlen, CHUNK_TOKENS)
     normalize = q_weight is not None

@@ -132,8 +132,9 @@ def _token_position(token, b, s, i, pos_ptr, offset_ptr, cu_ptr, n_seqs, search_
         position = s
     if MROPE:
         row = _mrope_row(i, section0, section1, section2, MROPE_INTERLEAVED)
-        height = tl.load(pos_ptr + pos_offset + pos_sr).to(tl.int64)
-        width = tl.load(pos_ptr + pos_offset + 2 * pos_sr).to(tl.int64)
+        height_ptr = pos_ptr + pos_offset + pos_sr
+        height = tl.load(height_ptr).to(tl.int64)
+        width = tl.load(height_ptr + pos_sr).to(tl.int64)  # not 2 * pos_sr: an int32 product, wraps from 2^30
         position = tl.where(row == 0, position, tl.where(row == 1, height, width))
     if HAS_OFFSETS:
         position += tl.load(offset_ptr + seq).to(tl.int64)
@@ -152,10 +153,13 @@ def _token_cos_sin(token, b, s, i, half_mask, off1, off2, freq_ptr, pos_ptr, off
     if FROM_TABLE:
         cos_tok = cos_ptr + b * cos_sb + s * cos_ss
         sin_tok = sin_ptr + b * sin_sb + s * sin_ss
-        cos1 = tl.load(cos_tok + off1 * cos_sd, mask=half_mask).to(tl.float32)
-        cos2 = tl.load(cos_tok + off2 * cos_sd, mask=half_mask).to(tl.float32)
-        sin1 = tl.load(sin_tok + off1 * sin_sd, mask=half_mask).to(tl.float32)
-        sin2 = tl.load(sin_tok + off2 * sin_sd, mask=half_mask).to(tl.float32)
+        # int64 dims: a table's dim stride can be large (a transposed [S, R] view: S), and int32 dim * stride wraps.
+        dim1 = off1.to(tl.int64)
+        dim2 = off2.to(tl.int64)
+        cos1 = tl.load(cos_tok + dim1 * cos_sd, mask=half_mask).to(tl.float32)
+        cos2 = tl.load(cos_tok + dim2 * cos_sd, mask=half_mask).to(tl.float32)
+        sin1 = tl.load(sin_tok + dim1 * sin_sd, mask=half_mask).to(tl.float32)
+        sin2 = tl.load(sin_tok + dim2 * sin_sd, mask=half_mask).to(tl.float32)
     else:
         position = _token_position(token, b, s, i, pos_ptr, offset_ptr, cu_ptr, n_seqs, search_steps, pos_sr, pos_sb,
                                    pos_ss, section0, section1, section2, HAS_POSITIONS, HAS_OFFSETS, HAS_CU, MROPE,
@@ -274,12 +278,42 @@ def check_k(q, k) -> None:
         raise ValueError(f"k must be [batch, seq, kv_heads, head_dim] matching q {list(q.shape)}, got {list(k.shape)}")
 
 
+def check_indexed(q, k, rotary_dim, positions=None, seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None,
+                  mrope=False) -> None:
+    """The shapes the kernels index by, as the C++ glue checks them: the ops called directly (torch.ops.ropewkv.*)
+    with another shape read out of bounds."""
+    check_k(q, k)
+    batch, seqlen, _, head_dim = q.shape
+    for name, x in (("q", q), ("k", k)):
+        if x is not None and x.shape[-1] > 1 and x.stride(-1) != 1:
+            raise ValueError(f"{name} must have stride 1 in its last dim, got strides {list(x.stride())}")
+    if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
+        raise ValueError(f"rotary_dim must be even and <= head_dim {head_dim}, got {rotary_dim}")
+    rows = [3] if mrope else []
+    if (positions is not None or mrope) and (positions is None or list(positions.shape) != rows + [batch, seqlen]):
+        raise ValueError(f"positions must be a {'[3, batch, seq]' if mrope else '[batch, seq]'} view "
+                         f"{rows + [batch, seqlen]}, got {None if positions is None else list(positions.shape)}")
+    n_offsets = batch
+    if cu_seqlens is not None:
+        if cu_seqlens.dim() != 1 or not cu_seqlens.is_contiguous() or cu_seqlens.numel() < 2 or batch != 1:
+            raise ValueError(f"cu_seqlens must be contiguous 1-D with n_seqs + 1 >= 2 entries and q a [1, total_tokens,"
+                             f" heads, head_dim] view, got cu_seqlens {list(cu_seqlens.shape)}, q {list(q.shape)}")
+        n_offsets = cu_seqlens.numel() - 1
+    if seqlen_offsets is not None and (seqlen_offsets.dim() != 1 or not seqlen_offsets.is_contiguous()
+                                       or seqlen_offsets.numel() < n_offsets):  # (more are never read)
+        raise ValueError(f"seqlen_offsets must be contiguous [{n_offsets}], got {list(seqlen_offsets.shape)}")
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table is not None and list(table.shape) != [batch, seqlen, rotary_dim]:
+            raise ValueError(f"{name} must be a [batch, seq, rotary_dim] view {[batch, seqlen, rotary_dim]}, got "
+                             f"{list(table.shape)}")
+
+
 def _launch_arguments(q, k, q_out, k_out, rotary_dim, interleaved, conjugate, low_precision, *, inv_freq=None,
                       positions=None, seqlen_offsets=None, cu_seqlens=None, cos=None, sin=None, attention_scaling=1.0,
                       mrope_section=None, mrope_interleaved=False):
     """(grid, positional args, keyword args: constexprs and compile options) of one _rope_kernel launch; None when
     there is nothing to do."""
-    check_k(q, k)
+    check_indexed(q, k, rotary_dim, positions, seqlen_offsets, cu_seqlens, cos, sin, mrope_section is not None)
     batch, seqlen, n_qheads, head_dim = q.shape
     n_kheads = k.shape[2] if k is not None else 0
     if batch * seqlen == 0 or (n_qheads == 0 and n_kheads == 0):
