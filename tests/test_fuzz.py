@@ -210,8 +210,9 @@ def test_wkv7_fuzz(case):
         cot_y = torch.randn(y.shape, generator=gen).to(torch.bfloat16 if low else y.dtype).to(y.dtype)
         cotangents = (cot_y.to(DEVICE),
                       torch.randn(final.shape, generator=gen).to(DEVICE))
-        grads = torch.autograd.grad((y, final), leaves + ([s0_leaf] if s0 is not None else []), cotangents,
-                                    allow_unused=True, materialize_grads=True)
+        with poisoned_outputs():  # the backward's outputs poisoned too, not only the forward's
+            grads = torch.autograd.grad((y, final), leaves + ([s0_leaf] if s0 is not None else []), cotangents,
+                                        allow_unused=True, materialize_grads=True)
     # The oracle sees what the kernel computes with: bf16 mode rounds the inputs to bf16 on load.
     seen = [t.to(torch.bfloat16) if low else t for t in tensors]
     refs = _reference_outputs(seen, s0, cu, case["decay"], cotangents, torch.float64)

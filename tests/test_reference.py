@@ -48,7 +48,7 @@ def test_rope_layouts_are_views_of_bshd(layout):
     expected = rope_ref.rope(x, inv_freq, positions)
     moved = x.transpose(1, 2) if layout == "bhsd" else x.transpose(0, 1)
     out = rope_ref.rope(moved.contiguous(), inv_freq, positions, layout=layout)
-    torch.testing.assert_close(out, moved, rtol=0, atol=float("inf"))  # same shape as the input
+    assert out.shape == moved.shape  # same shape as the input (was an assert_close with atol=inf)
     torch.testing.assert_close(out.transpose(1, 2) if layout == "bhsd" else out.transpose(0, 1), expected)
 
 

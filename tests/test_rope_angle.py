@@ -4,8 +4,16 @@ import math
 import torch
 
 from ropewkv.ops.rope import rope
+from ropewkv.testing import poisoned_outputs
 from ropewkv.testing import rope as rp
-from conftest import kernel_backends
+from conftest import kernel_backends as _kernel_backends
+
+
+def kernel_backends(device) -> list:
+    """conftest's twins, asserted non-empty: a loop over no backend would pass the tests below vacuously."""
+    backends = _kernel_backends(device)
+    assert backends, f"no kernel twin runs on {device} here"
+    return backends
 
 POSITIONS = torch.cat([torch.arange(0, 64), torch.randint(0, 2**20 + 1, (448,), generator=torch.Generator().manual_seed(0)),
                        torch.tensor([2**20 - 1, 2**20])])
@@ -24,7 +32,8 @@ def kernel_angle_error(backend, device) -> float:
     inv = rp.rope_inv_freq(64)
     x = torch.zeros(1, len(POSITIONS), 1, 64)
     x[..., :32] = 1.0
-    out = rope(x.to(device), inv_freq=inv.to(device), positions=POSITIONS.to(device), backend=backend)
+    with poisoned_outputs():
+        out = rope(x.to(device), inv_freq=inv.to(device), positions=POSITIONS.to(device), backend=backend)
     return angle_errors(out[0, :, 0, :32], out[0, :, 0, 32:], POSITIONS, inv)
 
 
@@ -38,4 +47,4 @@ def test_angle_error_below_1e6_rad_up_to_2_pow_20(device):
         err = kernel_angle_error(backend, device)
         print(f"angle error up to 2^20: {backend} {err:.3g} rad, HF fp32 eager {naive_err:.3g}, bf16 cache "
               f"{bf16_err:.3g}")
-        assert err < 1e-6, backend
+        assert err < 1e-6, backend  # measured 2.6e-7 rad (both twins), ~ the fp32 rounding of cos and sin

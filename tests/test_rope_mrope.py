@@ -7,7 +7,14 @@ from ropewkv.ops.rope import rope
 from ropewkv.reference import rope as reference
 from ropewkv.testing import assert_within, poisoned_outputs, seeded
 from ropewkv.testing import rope as rp
-from conftest import kernel_backends
+from conftest import kernel_backends as _kernel_backends
+
+
+def kernel_backends(device) -> list:
+    """conftest's twins, asserted non-empty: a loop over no backend would pass the tests below vacuously."""
+    backends = _kernel_backends(device)
+    assert backends, f"no kernel twin runs on {device} here"
+    return backends
 
 # rotary_dim 16 (8 frequencies) in a head of 24: partial rotary too. (section, interleaved)
 LAYOUTS = {"chunked": ([2, 3, 3], False), "interleaved": ([4, 2, 2], True)}
@@ -82,12 +89,17 @@ def test_equal_rows_are_plain_rope(device):
     q = rp.rope_input(1, 6, 2, 16, torch.bfloat16, "bshd", gen, device)
     positions = torch.randint(0, 2**20, (1, 6), generator=gen).to(device)
     inv = rp.rope_inv_freq(16, device=device)
+    ref = rp.rope_reference64(q, inv, positions.cpu())
     for backend in kernel_backends(device):
-        plain = rope(q, inv_freq=inv, positions=positions, backend=backend)
-        for section, interleaved in LAYOUTS.values():
-            mrope = rope(q, inv_freq=inv, positions=positions.expand(3, 1, 6), mrope_section=section,
-                         mrope_interleaved=interleaved, backend=backend)
-            assert torch.equal(mrope, plain), backend
+        with poisoned_outputs():
+            plain = rope(q, inv_freq=inv, positions=positions, backend=backend)
+            # plain RoPE itself against fp64: otherwise a bug shared by both paths would pass
+            assert_within(rp.rotation_measure("rope plain", backend, "fp32", plain, ref,
+                                              rp.tolerance(torch.bfloat16, "fp32", backend, device), 16, False))
+            for section, interleaved in LAYOUTS.values():
+                mrope = rope(q, inv_freq=inv, positions=positions.expand(3, 1, 6), mrope_section=section,
+                             mrope_interleaved=interleaved, backend=backend)
+                assert torch.equal(mrope, plain), backend
 
 
 HF_ROTARY = {  # modeling module, rotary class, config class, (mrope_section, interleaved)
