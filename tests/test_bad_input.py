@@ -493,9 +493,9 @@ def test_cpp_rotary_dim_error_names_its_source():
 
 @pytest.mark.parametrize("case", ["cache-offsets", "cache-cu", "cache-scaling", "table-positions", "table-offsets",
                                   "table-scaling"])
-def test_cpp_qk_norm_rope_refuses_what_its_table_source_ignores(case):
-    """The C++ twin ignored these (the Triton twin applies seqlen_offsets and cu_seqlens to a cache's positions: the
-    twins disagreed on one call); the Python layer refuses them, and so does the glue now."""
+def test_qk_norm_rope_ops_refuse_what_their_table_source_ignores(case):
+    """The C++ twin ignored these, the Triton twin applied seqlen_offsets and cu_seqlens to a cache's positions and
+    ignored the rest: the twins disagreed on one call. The Python layer refuses them, and so do both ops."""
     q = torch.randn(1, 4, 2, 8)
     source, extra = case.split("-")
     cache = torch.randn(16, 8) if source == "cache" else None
@@ -504,9 +504,9 @@ def test_cpp_qk_norm_rope_refuses_what_its_table_source_ignores(case):
     offsets = torch.tensor([5]) if extra == "offsets" else None
     cu = torch.tensor([0, 1, 4]) if extra == "cu" else None
     scaling = 2.0 if extra == "scaling" else 1.0
-    with pytest.raises(ValueError, match="apply to the inv_freq"):
-        torch.ops.ropewkv.qk_norm_rope(q, None, None, None, 1e-6, 0.0, None, cos, sin, cache, positions, offsets, cu, 8,
-                                       False, scaling, 0)
+    for op in (torch.ops.ropewkv.qk_norm_rope, torch.ops.ropewkv.qk_norm_rope_triton):
+        with pytest.raises(ValueError, match="apply to the inv_freq"):
+            op(q, None, None, None, 1e-6, 0.0, None, cos, sin, cache, positions, offsets, cu, 8, False, scaling, 0)
 
 
 @pytest.mark.parametrize("op", ["wkv7_backward", "wkv7_chunked_backward"])

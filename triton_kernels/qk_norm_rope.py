@@ -246,6 +246,13 @@ def _common(q, k, q_weight, k_weight, inv_freq, cos, sin, cache, positions, seql
             interleaved, attention_scaling, eps, weight_offset):
     """(positional args shared by both kernels after the tensors of q/k, their keyword constexprs), or None when there
     is nothing to do."""
+    # What a table source does not read is refused, as the C++ glue does, not applied (offsets to a cache's rows) or
+    # ignored: the twins would differ on one call.
+    if inv_freq is None and (seqlen_offsets is not None or cu_seqlens is not None or attention_scaling != 1.0):
+        raise ValueError("seqlen_offsets, cu_seqlens and attention_scaling apply to the inv_freq source only")
+    if cos is not None and positions is not None:
+        raise ValueError("cos/sin tables are read per token as given: positions apply to the inv_freq and "
+                         "cos_sin_cache sources")
     check_indexed(q, k, rotary_dim, positions, seqlen_offsets, cu_seqlens, cos, sin)
     batch, seqlen, n_qheads, head_dim = q.shape
     # The rest of what the kernels index by (the C++ glue's checks): a frequency per pair, a cache row of rotary_dim,
