@@ -139,6 +139,13 @@ def _split(x):
 
 
 @triton.jit
+def _decay_to_end(ca, ca_lo, clast, clast_lo):
+    """E[len][l+1] per row l and column: exp(c[len] - c[l+1]) from the (hi, lo) pairs, whose his' difference cancels
+    a large log decay that both hold exactly."""
+    return tl.exp((clast[None, :] - ca) + (clast_lo[None, :] - ca_lo))
+
+
+@triton.jit
 def _masked_decays(ca, cb, L: tl.constexpr):
     """E[l][m+1] for m < l (the Ab, Ak pairs) and E[l+1][m+1] for m <= l (Qb, Qk), [L, L, N], 0 elsewhere."""
     rows = tl.arange(0, L)
@@ -337,7 +344,7 @@ def _chunked_prep_kernel(r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, cu_ptr, prep_ptr, T,
         r, k, a, b, dlog, _, ca, ca_lo, cb, _, clast, clast_lo = _columns(
             r_ptr, w_ptr, k_ptr, a_ptr, b_ptr, row0, HN, valid, j0, L, BK, DECAY, LOW_PRECISION)
         W = tl.dot(Tm, a * tl.exp(cb), input_precision="ieee")
-        rest = tl.exp((clast[None, :] - ca) + (clast_lo[None, :] - ca_lo))
+        rest = _decay_to_end(ca, ca_lo, clast, clast_lo)
         tl.store(_prep_rows(prep, 0, L, N) + j0 + slice_at, W)
         tl.store(_prep_rows(prep, 1, L, N) + j0 + slice_at, r * tl.exp(ca) + tl.dot(Qb, W, input_precision="ieee"))
         tl.store(_prep_rows(prep, 2, L, N) + j0 + slice_at, b * rest)
@@ -543,14 +550,17 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
         Eb, Eq = _masked_decays(ca, cb, L)
         # The masked products' cotangents first and the exps after the products over v: fewer values live across
         # that loop (in the bf16 mode, the split products' operands fill the registers: 48-60 B spilled otherwise).
-        # Eb and Eq hold the his' differences; the los are per-row factors, as in _add_masked_products.
+        # Eb and Eq hold the his' differences; the los are per-row factors, as in _add_masked_products (Eb's rows
+        # take c[l]'s, Eq's c[l+1]'s, both columns c[m+1]'s).
+        row_factor_b = 1.0 + cb_lo
+        row_factor_q = 1.0 + ca_lo
         col_factor = 1.0 - ca_lo
         b_g = b * col_factor
         k_g = k * col_factor
-        ax, ab, ak = _masked_cotangents(a * (1.0 + cb_lo), b_g, k_g, dAb, dAk, Eb)
-        ax *= 1.0 + cb_lo
-        rx, rb, rk = _masked_cotangents(r * (1.0 + ca_lo), b_g, k_g, dQb, dQk, Eq)
-        rx *= 1.0 + ca_lo
+        ax, ab, ak = _masked_cotangents(a * row_factor_b, b_g, k_g, dAb, dAk, Eb)
+        ax *= row_factor_b
+        rx, rb, rk = _masked_cotangents(r * row_factor_q, b_g, k_g, dQb, dQk, Eq)
+        rx *= row_factor_q
         ab *= col_factor
         ak *= col_factor
         rb *= col_factor
@@ -578,7 +588,7 @@ def _chunked_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_p
             dKh += _dot(v_i, G_i, BF16_DOTS, INTERPRET, X_BF16=LOW_PRECISION)
         e_before = tl.exp(cb)
         e_after = tl.exp(ca)
-        rest = tl.exp((clast[None, :] - ca) + (clast_lo[None, :] - ca_lo))
+        rest = _decay_to_end(ca, ca_lo, clast, clast_lo)
         e_all = tl.exp(clast)
         ST0 = tl.load(ckpt + j0 * N + ckpt_at)
         GT = tl.load(grad + j0 + state_at)
