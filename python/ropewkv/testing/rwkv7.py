@@ -71,26 +71,25 @@ def tolerance(dtype: torch.dtype, precision: str, seqlen: int):
     if dtype == torch.float64:
         # fp64 end to end (cpu twin): only summation order differs from the reference.
         return Tolerance(None, 1e-12, "fp64 throughout; summation order only")
+    # Each bound is ~2.5-3x the largest error measured over the test suite (cpu twin, interpreted Triton, sequential
+    # and chunked; 2026-11-29) and the H100/H200 parity runs (every twin, B2 T256 H2 N64; 2026-11-26).
     if precision == "bf16" and dtype != torch.bfloat16:
         # Every input is rounded to bf16 (2^-9 relative) on load: that perturbs y, the state and the gradients by a
-        # few times 2^-9 through the recurrence (cpu twin, fp32 tensors, T = 1000: 2.6e-3 .. 4.2e-3), and outputs
-        # are rounded to bf16 again; the chunked form may also round matmul operands to bf16 (published: 4e-3..5e-3).
-        return Tolerance(None, 3e-2, "inputs and outputs rounded through bf16 (2^-9) in the bf16 mode")
+        # few times 2^-9 through the recurrence, and outputs are rounded to bf16 again. Measured: 4.6e-3 (tests),
+        # 4.2e-3 (GPU).
+        return Tolerance(None, 1.2e-2, "inputs and outputs rounded through bf16 (2^-9) in the bf16 mode")
     if dtype == torch.bfloat16:
-        # Inputs are exact for the oracle and the math is fp32, but each stored bf16 output carries ~2^-9/sqrt(3) =
-        # 1.1e-3 RMS relative rounding error, and autograd hands the kernels a cotangent already rounded to bf16 (a
-        # second 2^-9): the cpu twin measures 1.7e-3 (y) and 2.3e-3 (gradients) at T = 1000. Interpreted Triton
-        # truncates instead of rounding (2x); the bf16 mode's bf16 matmul operands in the chunked form add ~4e-3
-        # (the published chunked-bf16 figures).
-        bound = 1.2e-2 if precision == "bf16" else 6e-3
-        return Tolerance(None, bound, "bf16 output and cotangent roundings (2^-9) on fp32 math")
+        # Inputs are exact for the oracle and the math is fp32 (the bf16 mode's products too: hi/lo splits), but
+        # each stored bf16 output carries ~2^-9/sqrt(3) = 1.1e-3 RMS relative rounding error, and autograd hands the
+        # kernels a cotangent already rounded to bf16 (a second 2^-9). Measured, either precision: 2.7e-3 (tests),
+        # 2.4e-3 (GPU).
+        return Tolerance(None, 6e-3, "bf16 output and cotangent roundings (2^-9) on fp32 math")
     if dtype == torch.float16:
-        # As bf16 with 2^-11 (4x smaller); 2x for the interpreter's truncation.
-        return Tolerance(None, 2e-3, "fp16 output and cotangent roundings (2^-11) on fp32 math")
-    # fp32: rounding errors of the fp32 state accumulate like a random walk over the steps (the cpu twin measures
-    # 1.4e-7 at T = 100, 1.8e-7 .. 2.5e-7 at T = 1000 for y, state and gradients); the bound leaves room for the
-    # chunked (Triton) form's cumulative decays: 5e-6 at T = 100, 1.6e-5 at T = 1000.
-    return Tolerance(None, 2e-6 * (1 + seqlen / 16) ** 0.5, "fp32 state and sums, error grows ~sqrt(T)")
+        # As bf16 with 2^-11 (4x smaller). Measured: 3.2e-4 (tests), 3.0e-4 (GPU).
+        return Tolerance(None, 1e-3, "fp16 output and cotangent roundings (2^-11) on fp32 math")
+    # fp32: rounding errors of the fp32 state accumulate like a random walk over the steps. Measured: 3.7e-7 at
+    # T = 15 (tests; 2.3x under the bound), 3.4e-7 at T = 256 (GPU, the Triton chunked form).
+    return Tolerance(None, 6e-7 * (1 + seqlen / 16) ** 0.5, "fp32 state and sums, error grows ~sqrt(T)")
 
 
 def oracle(inputs: dict, decay: str, cotangent_y: torch.Tensor, cotangent_state: torch.Tensor, cu_seqlens=None,
