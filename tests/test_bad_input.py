@@ -97,6 +97,7 @@ def _idx(values, dev, dtype=torch.int32):
 # (id, make(dev, backend) -> call, exception, message pattern naming the argument, applies(backend, dev) or None)
 KERNEL_ONLY_FP32 = lambda backend, dev: backend not in ("cpu", "reference")  # noqa: E731 (fp64 runs on cpu twin)
 HOST_CHECKED = lambda backend, dev: dev.type == "cpu"  # noqa: E731 (rope trusts CUDA index values: no sync)
+POSITIONS_INEXACT = r"positions plus seqlen_offsets must be within \(-2\^24, 2\^24\)"
 CASES = [
     # --- ropewkv.rope
     ("rope-q-not-tensor", lambda d, b: _rope(d, b, q=[1.0]), TypeError, "q must be a torch.Tensor", None),
@@ -126,11 +127,22 @@ CASES = [
     ("rope-positions-shape", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2], d)), ValueError,
      "positions of shape", None),
     ("rope-positions-past-int32", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2, 2**40], d, torch.int64)),
-     ValueError, "positions must be < 2\\^24", HOST_CHECKED),
+     ValueError, POSITIONS_INEXACT, HOST_CHECKED),
+    # (-2^63's abs() is -2^63: a check of abs().max() let it through, and the rotation came out as inf.)
+    ("rope-positions-int64-min", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2, -2**63], d, torch.int64)),
+     ValueError, POSITIONS_INEXACT, HOST_CHECKED),
+    ("rope-positions-plus-offset", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2, 2**24 - 1], d),
+                                                      seqlen_offsets=1), ValueError, POSITIONS_INEXACT, HOST_CHECKED),
+    ("rope-offset-tensor-past", lambda d, b: _rope(d, b, seqlen_offsets=_idx([0, 2**40], d, torch.int64)),
+     ValueError, POSITIONS_INEXACT, HOST_CHECKED),
+    ("rope-thd-offset-tensor-past",
+     lambda d, b: _rope_thd(d, b, seqlen_offsets=_idx([0, 2**24 - 3], d, torch.int64)), ValueError, POSITIONS_INEXACT,
+     HOST_CHECKED),
     ("rope-offset-negative", lambda d, b: _rope(d, b, seqlen_offsets=-1), ValueError, "seqlen_offsets must be >= 0",
      None),
-    ("rope-offset-past-int32", lambda d, b: _rope(d, b, seqlen_offsets=2**33), ValueError,
-     "seqlen_offsets must be < 2\\^24", None),
+    ("rope-offset-past-int32", lambda d, b: _rope(d, b, seqlen_offsets=2**33), ValueError, POSITIONS_INEXACT, None),
+    ("rope-offset-plus-tokens", lambda d, b: _rope(d, b, seqlen_offsets=2**24 - 3), ValueError, POSITIONS_INEXACT,
+     None),
     ("rope-offset-float", lambda d, b: _rope(d, b, seqlen_offsets=1.5), TypeError, "seqlen_offsets must be an int",
      None),
     ("rope-offset-shape", lambda d, b: _rope(d, b, seqlen_offsets=_idx([1, 2, 3], d)), ValueError,
@@ -288,6 +300,22 @@ def test_rope_zero_heads(device):
         cos = torch.ones(shape[0], shape[1], 8, device=device)
         out_q, _ = apply_rotary_pos_emb(q, q, cos, cos, unsqueeze_dim=2, backend=backend)
         assert out_q.shape == shape
+
+
+def test_rope_positions_just_under_2_24_are_taken(device):
+    """The largest offset belongs to the shorter sequence: the longest sequence's length plus the largest offset
+    passes 2^24, but no position does (the host check computes them exactly there instead of refusing)."""
+    q = rope_input(1, 10, 1, 16, torch.float32, layout="thd", generator=seeded(5), device=device)
+    cu = torch.tensor([0, 4, 10], device=device)
+    offsets = torch.tensor([2**24 - 4, 2**24 - 6], device=device)
+    positions = rope_ref.token_positions(1, 10, None, offsets, cu)
+    assert int(positions.max()) == 2**24 - 1
+    expected = rope_ref.rope(q.double(), rope_inv_freq(16), positions, layout="thd")
+    for backend in kernel_backends(device):
+        with poisoned_outputs():
+            out = rope(q, inv_freq=rope_inv_freq(16, device=device), cu_seqlens=cu, seqlen_offsets=offsets,
+                       layout="thd", backend=backend)
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-6)  # measured 4.3e-7 (cpu twin)
 
 
 def test_rope_thd_with_empty_sequences(device):

@@ -303,8 +303,6 @@ def _offsets(seqlen_offsets, n: int, q: torch.Tensor) -> Optional[torch.Tensor]:
         raise TypeError(f"seqlen_offsets must be an int or an integer tensor, got {type(seqlen_offsets).__name__}")
     if seqlen_offsets < 0:
         raise ValueError(f"seqlen_offsets must be >= 0, got {seqlen_offsets}")
-    if seqlen_offsets >= MAX_EXACT_POSITION:
-        raise ValueError(f"seqlen_offsets must be < 2^24 (positions are exact in fp32 below that), got {seqlen_offsets}")
     if seqlen_offsets == 0:
         return None
     return torch.full((n,), seqlen_offsets, dtype=torch.int64, device=q.device)
@@ -326,9 +324,41 @@ def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor, m
         pos = pos.expand(target)
     except RuntimeError:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast to {target}") from None
-    if _checks_values(pos) and pos.numel() and int(pos.abs().max()) >= MAX_EXACT_POSITION:
-        raise ValueError("positions must be < 2^24 in magnitude (positions are exact in fp32 below that)")
     return pos.unsqueeze(-2) if thd else pos
+
+
+def _check_exact_positions(pos, seqlen_offsets, cu, batch: int, seqlen: int, thd: bool) -> None:
+    """Every absolute position (the given position, or the token's index in its sequence, plus the sequence's offset)
+    must be within (-2^24, 2^24), where it converts to fp32 exactly; past that the angles, hence the rotation, are
+    wrong. Checked wherever the values are known on the host (_checks_values), not assumed elsewhere. pos: as
+    _positions returns it."""
+    if pos is not None:
+        if not _checks_values(pos) or not pos.numel():
+            return
+        low, high = int(pos.min()), int(pos.max())  # (not abs().max(): abs of the int64 minimum overflows)
+    elif cu is not None:
+        if not _checks_values(cu):
+            return
+        low, high = 0, int((cu[1:] - cu[:-1]).max()) - 1
+    else:
+        low, high = 0, seqlen - 1
+    offset = seqlen_offsets
+    if isinstance(seqlen_offsets, torch.Tensor):
+        if not _checks_values(seqlen_offsets) or not seqlen_offsets.numel():
+            return
+        offset = int(seqlen_offsets.max())  # (offsets are >= 0)
+    if -MAX_EXACT_POSITION < low and high + offset < MAX_EXACT_POSITION:
+        return
+    if isinstance(seqlen_offsets, torch.Tensor) and max(-low, high, offset) < 2**62:  # (no int64 overflow below)
+        # The largest offset may be another sequence's than the largest position's: the exact absolute positions.
+        rows = [None] if pos is None else list(pos) if pos.dim() == (2 if thd else 3) else [pos]
+        absolute = [reference.token_positions(batch, seqlen, None if row is None else row.squeeze(-1) if thd else row,
+                                              seqlen_offsets, cu) for row in rows]
+        low, high, offset = min(int(a.min()) for a in absolute), max(int(a.max()) for a in absolute), 0
+        if -MAX_EXACT_POSITION < low and high < MAX_EXACT_POSITION:
+            return
+    raise ValueError(f"positions plus seqlen_offsets must be within (-2^24, 2^24), where they are exact in fp32; got "
+                     f"positions from {low} to {high}" + (f" and offsets up to {offset}" if offset else ""))
 
 
 def _mrope_section(mrope_section, mrope_interleaved, rotary_dim: int) -> Optional[list[int]]:
@@ -401,6 +431,7 @@ def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layou
     offsets = _offsets(seqlen_offsets, n_offsets, q)
     section = _mrope_section(mrope_section, mrope_interleaved, rotary_dim)
     pos = _positions(positions, batch, seqlen, layout == "thd", q, section is not None)
+    _check_exact_positions(pos, seqlen_offsets, cu, batch, seqlen, layout == "thd")
     if not isinstance(attention_scaling, (int, float)):
         raise TypeError(f"attention_scaling must be a float, got {type(attention_scaling).__name__}")
     args = (inv, pos, offsets, cu, bool(interleaved), False, float(attention_scaling),
@@ -483,12 +514,14 @@ def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, 
     rot = 2 * inv_freq.numel()
     if rot > head_dim or (rotary_dim is not None and (type(rotary_dim) is not int or rotary_dim != rot)):
         return None
+    if seqlen > MAX_EXACT_POSITION:  # positions past 2^24: the general path raises
+        return None
     if isinstance(seqlen_offsets, torch.Tensor):
         offsets = seqlen_offsets
         if not _offsets_as_taken(offsets) or offsets.numel() != batch or offsets.device != device:
             return None
-        if q.is_cpu and batch and int(offsets.min()) < 0:  # as _check_cpu_nonnegative
-            return None
+        if q.is_cpu and batch and (int(offsets.min()) < 0 or int(offsets.max()) + seqlen > MAX_EXACT_POSITION):
+            return None  # as _check_cpu_nonnegative and _check_exact_positions
     elif type(seqlen_offsets) is int and seqlen_offsets == 0:
         offsets = None
     else:
@@ -571,7 +604,8 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
         inv_freq: [n] float tensor (HF's inv_freq, used as fp32), on q's device; rotary_dim defaults to 2n.
         positions: int32/int64, broadcastable to [B, S] ([T] for "thd"); default: token s of each sequence is at s.
         seqlen_offsets: int or int tensor [B] ([n_seqs] with cu_seqlens), added to every position (KV cache,
-            context-parallel shards). Must be >= 0.
+            context-parallel shards). Must be >= 0. Every position plus its offset must be within (-2^24, 2^24),
+            where it is exact in fp32 (checked on CPU tensors in eager mode, trusted on CUDA and under torch.compile).
         cu_seqlens: int32/int64 [n_seqs + 1], "thd" only: cumulative sequence starts; positions restart at 0 in each
             sequence (0, non-decreasing, ending at T; checked on the CPU in eager mode, trusted on CUDA to avoid a
             sync and under torch.compile).
@@ -593,7 +627,7 @@ def rope(q: torch.Tensor, k: Optional[torch.Tensor] = None, *, inv_freq: torch.T
         The rotated q, or (q, k), in q's layout and dtype.
 
     The angle position * inv_freq[i] is computed in fp32 with an exact fma two-product and a three-piece 2*pi
-    reduction (error < 1e-6 rad for positions up to 2^20; positions must be < 2^24), then an accurate sincos. No
+    reduction (error < 1e-6 rad for positions up to 2^20), then an accurate sincos. No
     cos/sin cache is read. Backward: the same kernel with sin negated.
     """
     common_call = (positions is None and cu_seqlens is None and mrope_section is None and not mrope_interleaved
