@@ -591,3 +591,27 @@ def test_triton_ops_check_what_their_kernels_index_by(device, case):
     call, message = _triton_op_calls(device)[case]
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("op", ["wkv7 sequential", "wkv7 chunked", "qk_norm_rope"])
+def test_double_backward_raises_on_kernel_backends_and_runs_on_the_reference(device, op):
+    """The kernels' backwards have no derivative: the C++ twins' second derivatives came out as zeros (PyTorch only
+    warned), the Triton twins raised PyTorch's generic error. The reference backend's autograd gives them."""
+    def first_grad(backend):
+        if op == "qk_norm_rope":
+            q = torch.randn(1, 3, 2, 16, generator=seeded(6)).to(device).requires_grad_()
+            weight = (torch.rand(16, generator=seeded(7)) + 0.5).to(device).requires_grad_()
+            out = ropewkv.qk_norm_rope(q, None, weight, None, inv_freq=rope_inv_freq(16, device=device),
+                                       backend=backend)
+            return torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)[0], weight
+        x = rwkv7_inputs(1, 3, 1, 32, generator=seeded(8), device=device)
+        leaves = {n: x[n].requires_grad_() for n in "rwk"}
+        y, _ = wkv7(*(x[n] for n in "rwkvab"), backend=backend, algorithm=op.split()[1])
+        return torch.autograd.grad(y.pow(2).sum(), leaves["r"], create_graph=True)[0], leaves["k"]
+
+    grad, other = first_grad("reference")
+    assert torch.autograd.grad(grad.sum(), other)[0].abs().max() > 0
+    for backend in kernel_backends(device):
+        grad, other = first_grad(backend)
+        with pytest.raises(NotImplementedError, match="has no double backward"):
+            torch.autograd.grad(grad.sum(), other)

@@ -164,6 +164,16 @@ def call_op(op, needs_grad: bool, *args):
         return op(*args)
 
 
+def refuse_double_backward(backward_op: str, what: str) -> None:
+    """Make differentiating through backward_op raise. Without an autograd formula the C++ twins' double backward
+    returned zeros (PyTorch only warns) and the Triton twins' raised PyTorch's generic error."""
+    def double_backward(ctx, *grads):
+        raise NotImplementedError(f"{what} has no double backward (second derivatives); use backend='reference' "
+                                  "for them")
+
+    torch.library.register_autograd(backward_op, double_backward)
+
+
 def best_device(name: Optional[str] = None) -> torch.device:
     """The device named, or the best one present: CUDA if available, else the CPU."""
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))

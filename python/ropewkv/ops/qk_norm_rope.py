@@ -114,6 +114,7 @@ def _register(functional: str, inplace: str, backward_name: str) -> None:
                 dwk if weights[1] is not None else None) + (None,) * (_SOURCE_ARGS - 2)
 
     torch.library.register_autograd(functional, backward, setup_context=setup)
+    _backend.refuse_double_backward(backward_name, "qk_norm_rope")
 
 
 _register("ropewkv::qk_norm_rope_triton", "ropewkv::qk_norm_rope_triton_", "ropewkv::qk_norm_rope_backward_triton")

@@ -43,6 +43,7 @@ if _backend._C is not None and hasattr(torch.ops.ropewkv, "wkv7_chunked_forward"
     torch.library.register_fake("ropewkv::wkv7_chunked_backward")(recurrent._fake_backward)
     torch.library.register_autograd("ropewkv::wkv7_chunked_forward", _backward,
                                     setup_context=recurrent._setup_context)
+    _backend.refuse_double_backward("ropewkv::wkv7_chunked_backward", "wkv7 (chunked)")
 
 
 def wkv7_chunked_cpp(r, w, k, v, a, b, initial_state, output_final_state: bool, cu_seqlens, decay_code: int,
@@ -101,6 +102,7 @@ torch.library.register_fake("ropewkv::wkv7_chunked_triton_bwd")(recurrent._wkv7_
 torch.library.register_autograd("ropewkv::wkv7_chunked_triton_fwd",
                                 recurrent._triton_backward_of(_triton_bwd, "wkv7 chunked (triton)"),
                                 setup_context=recurrent._triton_setup_context)
+_backend.refuse_double_backward("ropewkv::wkv7_chunked_triton_bwd", "wkv7 (chunked)")
 
 
 def wkv7_chunked_triton(r, w, k, v, a, b, initial_state, output_final_state: bool, cu_seqlens, decay: str,

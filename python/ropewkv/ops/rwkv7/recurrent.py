@@ -59,6 +59,7 @@ if _backend._C is not None:
     torch.library.register_fake("ropewkv::wkv7_forward")(_fake_forward)
     torch.library.register_fake("ropewkv::wkv7_backward")(_fake_backward)
     torch.library.register_autograd("ropewkv::wkv7_forward", _backward, setup_context=_setup_context)
+    _backend.refuse_double_backward("ropewkv::wkv7_backward", "wkv7")
 
 
 
@@ -151,6 +152,7 @@ def _triton_backward_of(bwd_op, op_name: str):
 
 torch.library.register_autograd("ropewkv::wkv7_triton_fwd", _triton_backward_of(_wkv7_bwd, "wkv7_triton"),
                                 setup_context=_triton_setup_context)
+_backend.refuse_double_backward("ropewkv::wkv7_triton_bwd", "wkv7")
 
 
 def _check(r, w, k, v, a, b, initial_state, cu_seqlens, decay, precision) -> None:
