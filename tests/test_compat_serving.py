@@ -108,6 +108,11 @@ def test_vllm_in_place_on_a_fused_qkv_slice_and_bad_positions(device):
         vllm.rotary_embedding(positions, qkv[:, :100].clone(), None, head_size, cache, True)
     with pytest.raises(ValueError, match="query heads 4 must be a multiple of the key heads 3"):
         vllm.rotary_embedding(positions, qkv[:, :256].clone(), qkv[:, :192].clone(), head_size, cache, True)
+    # A key of no heads (flat [T, 0] or [T, 0, head_size]) has nothing to rotate (it raised ZeroDivisionError).
+    for empty_key in (qkv[:, :0].clone(), qkv[:, :0].clone().unflatten(-1, (0, head_size))):
+        query = qkv[:, : 4 * head_size].clone()
+        vllm.rotary_embedding(positions, query, empty_key, head_size, cache.to(device), True)
+        assert torch.equal(query, buf[:, : 4 * head_size]), "query rotated as with a key"
 
 
 def test_vllm_inv_freq_variant_fixes_the_bf16_cache(device):

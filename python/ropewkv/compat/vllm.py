@@ -46,7 +46,7 @@ def _views(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Ten
 
     q = heads(query, "query")
     k = None if key is None else heads(key, "key")
-    if k is not None and q.shape[-2] % k.shape[-2]:
+    if k is not None and k.shape[-2] and q.shape[-2] % k.shape[-2]:  # (no key heads: nothing to rotate)
         raise ValueError(f"the query heads {q.shape[-2]} must be a multiple of the key heads {k.shape[-2]}")
     return ("thd" if positions.dim() == 1 else "bshd"), q, k
 
