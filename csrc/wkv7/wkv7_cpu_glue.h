@@ -1,8 +1,10 @@
 #pragma once
 // The CPU glue shared by the sequential (wkv7_cpu.cpp) and chunked (wkv7_chunked_cpu.cpp) WKV7 ops: argument checks,
 // output allocation and the dtype dispatch around an algorithm's forward and backward.
+#include <algorithm>
 #include <array>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "wkv7_glue.h"
@@ -23,13 +25,21 @@ void dispatch_w(const Inputs& in, Body&& body) {
   body(TypeTag<float>{});
 }
 
+// The first values of cu_seqlens as "[0, 4, 12, ...]", as the Python checks print them (not a tensor dump).
+inline std::string leading_values(const int64_t* values, int64_t count) {
+  std::string text = "[";
+  for (int64_t i = 0; i < std::min<int64_t>(count, 8); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + (count > 8 ? ", ...]" : "]");
+}
+
 inline void check_cu_seqlens_values(const Inputs& in) {
   if (!in.cu_seqlens.defined()) return;
   const int64_t* cu = in.cu_seqlens.const_data_ptr<int64_t>();
   TORCH_CHECK_VALUE(cu[0] == 0 && cu[in.n_seqs] == in.seqlen, "cu_seqlens must start at 0 and end at T = ",
-                    in.seqlen, ", got ", in.cu_seqlens);
+                    in.seqlen, ", got ", leading_values(cu, in.n_seqs + 1));
   for (int64_t s = 0; s < in.n_seqs; ++s) {
-    TORCH_CHECK_VALUE(cu[s] <= cu[s + 1], "cu_seqlens must be non-decreasing, got ", in.cu_seqlens);
+    TORCH_CHECK_VALUE(cu[s] <= cu[s + 1], "cu_seqlens must be non-decreasing, got ",
+                      leading_values(cu, in.n_seqs + 1));
   }
 }
 
