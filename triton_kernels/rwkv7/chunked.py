@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from .._common import INTERPRETING
-from .recurrent import _log_decay, _rne_bf16, _sequence, launch_grid
+from .recurrent import _log_decay, _rne_bf16, _sequence, _zero_gap_slot, launch_grid
 from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
 CHUNK = 16
@@ -419,6 +419,9 @@ def _chunked_state_kernel(v_ptr, s0_ptr, cu_ptr, prep_ptr, y_ptr, sT_ptr, ckpt_p
         _store_rows(y_ptr + row0, rows_at, Y, LOW_PRECISION, valid)
         # ST <- diag(E[L][0]) ST + B^^T U + K^^T V.
         _step_state_block(sT, state_at, prep, 2, U, 3, v, N, L, BK, BF16_DOTS, INTERPRET, Y_BF16=LOW_PRECISION)
+    if SAVE:
+        for j0 in range(0, N, BK):
+            _zero_gap_slot(ckpt_ptr, slot0 + tl.cdiv(eos - bos, L), eos // L + n + 1, h, H, N, j0 * N + v0 + ckpt_at)
 
 
 @triton.jit

@@ -174,6 +174,15 @@ def _token(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.con
 
 
 @triton.jit
+def _zero_gap_slot(ckpt_ptr, slot, next_slot0, h, H, N: tl.constexpr, at):
+    """Zeros at `at` (this program's part of a state) in checkpoint `slot`, the one after a sequence's last chunk, if
+    it is a gap before the next sequence's first slot `next_slot0` (checkpoint_slots counts one slot per sequence
+    more than its chunks may use): no output of the forward then holds uninitialised memory."""
+    if slot < next_slot0:
+        tl.store(ckpt_ptr + (slot * H + h) * N * N + at, tl.full(at.shape, 0.0, tl.float32))
+
+
+@triton.jit
 def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
                      N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr,
                      LOW_PRECISION: tl.constexpr, HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
@@ -191,6 +200,8 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
             y = tl.sum(S * _load_in(r_ptr, token + cols, LOW_PRECISION)[None, :], axis=1)
             _store_out(y_ptr, token + rows, y, LOW_PRECISION)
     tl.store(sT_ptr + state_at, S)
+    if SAVE:
+        _zero_gap_slot(ckpt_ptr, slot0 + tl.cdiv(eos - bos, CHUNK), eos // CHUNK + n + 1, h, H, N, mat)
 
 
 @triton.jit
