@@ -6,8 +6,8 @@ The arguments are what the public functions hand the ops: the wrappers' own norm
 [B, S, H, D], index tensors, the cos/sin source). The differentiable inputs require grad, since opcheck only runs the
 autograd registration check and the AOT gradient check then. The backward ops (but log_decay_backward, which has a
 double backward) refuse to be differentiated, and the decode step has no backward: they get plain tensors, as
-autograd's backward and the decode path give them. The C++ ops run on their CPU twin; the Triton ops on `device` (CUDA on a GPU, the
-interpreter here), hence the tiny shapes.
+autograd's backward and the decode path give them. The C++ ops run on their CPU twin; the Triton ops on `device`
+(CUDA on a GPU, the interpreter here), hence the tiny shapes.
 """
 import pytest
 import torch
