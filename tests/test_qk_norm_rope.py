@@ -377,6 +377,11 @@ BAD = [
      "cos of shape .* does not broadcast"),
     ("cos-int", dict(inv_freq=None, cos=torch.ones(2, 4, 8).long(), sin=torch.ones(2, 4, 8).long()), TypeError,
      "cos must be a float tensor"),
+    # A 0-d table was read as rotating no dims (q came back unrotated), an odd width blamed rotary_dim.
+    ("cos-0d", dict(inv_freq=None, cos=torch.tensor(0.5), sin=torch.tensor(0.0)), ValueError,
+     r"cos and sin must be \[\.\.\., R\] tables with an even rotated width R, got cos of shape \(\)"),
+    ("cos-odd-width", dict(inv_freq=None, cos=torch.ones(2, 4, 1), sin=torch.ones(2, 4, 1)), ValueError,
+     "an even rotated width R"),
     ("cache-no-positions", dict(inv_freq=None, cos_sin_cache=torch.ones(5, 8)), ValueError,
      "cos_sin_cache needs positions"),
     ("cache-shape", dict(inv_freq=None, cos_sin_cache=torch.ones(5, 7), positions=torch.zeros(4, dtype=torch.long)),

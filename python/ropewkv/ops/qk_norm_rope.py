@@ -202,6 +202,9 @@ def _normalise(q, k, q_weight, k_weight, eps, weight_offset, inv_freq, cos, sin,
         table = cos if cos is not None else cos_sin_cache
         _checks.check_tensor(table, "cos") if cos is not None else _check_cache_shape(cos_sin_cache)
         width = table.shape[-1] if table.dim() else 0
+        if cos is not None and (table.dim() == 0 or width % 2):
+            raise ValueError(f"cos and sin must be [..., R] tables with an even rotated width R, got cos of shape "
+                             f"{tuple(table.shape)}")
         if rotary_dim is not None and rotary_dim != width:
             raise ValueError(f"rotary_dim {rotary_dim} must equal the table's last dim {width}")
         rotary_dim = width
