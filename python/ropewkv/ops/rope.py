@@ -217,7 +217,9 @@ def _check_inplace(q, k, q4, k4) -> None:
             raise ValueError(f"inplace=True needs {name} whose elements do not share memory (an expanded tensor?), "
                              "clone it")
     if k is not None and (k is q or (not torch.compiler.is_compiling() and _share_memory(q4, k4))):
-        raise ValueError("inplace=True needs q and k in separate memory (not one tensor, nor overlapping views)")
+        raise ValueError("inplace=True needs q and k in separate memory (not one tensor, nor overlapping views; the "
+                         "check is conservative: views whose spans interleave within a head count as overlapping). "
+                         "Rotate them out of place, or pass separate tensors")
 
 
 def _share_memory(q4: torch.Tensor, k4: torch.Tensor) -> bool:
