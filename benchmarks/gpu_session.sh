@@ -77,7 +77,7 @@ GPU_TESTS=(
     tests/test_bad_input.py tests/test_determinism.py tests/test_fuzz.py
     tests/test_nn_rwkv7.py tests/test_patch_transformers.py tests/test_patch_qk_norm.py tests/test_patch_fla.py
     tests/test_compat_fla.py tests/test_compat_serving.py tests/test_hub_kernels.py tests/test_demo.py
-    tests/test_reference.py
+    tests/test_reference.py tests/test_opcheck.py
     tests/gpu_edge_cases.py
 )
 # Never worth GPU time: the host emulations of the CUDA kernels, compile-only checks (nvcc, Triton for sm_90 without a

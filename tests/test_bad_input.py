@@ -56,6 +56,12 @@ def _rope_inplace_aliased(dev, backend, k_of_q):
     return _rope(dev, backend, q=q, k=k_of_q(q), inplace=True)
 
 
+def _rope_shifted_by_a_token(dev, backend):
+    """rope in place with q and k views of one buffer, k one token later: token t + 1 of q is token t of k."""
+    tokens = _t(2, 5, 2, 8, dev=dev)
+    return _rope(dev, backend, q=tokens[:, :-1], k=tokens[:, 1:], inplace=True)
+
+
 def _rope_thd(dev, backend, **changes):
     q = rope_input(1, 6, 2, 8, torch.float32, layout="thd", generator=seeded(0), device=dev)
     kwargs = dict(inv_freq=rope_inv_freq(8, device=dev), layout="thd", backend=backend,
@@ -154,6 +160,8 @@ CASES = [
     ("rope-inplace-k-is-q", lambda d, b: _rope_inplace_aliased(d, b, lambda q: q), ValueError,
      "inplace=True needs q and k in separate memory", None),
     ("rope-inplace-k-a-head-of-q", lambda d, b: _rope_inplace_aliased(d, b, lambda q: q[:, :, 1:]), ValueError,
+     "inplace=True needs q and k in separate memory", None),
+    ("rope-inplace-k-q-shifted-by-a-token", lambda d, b: _rope_shifted_by_a_token(d, b), ValueError,
      "inplace=True needs q and k in separate memory", None),
     ("rope-inv-freq-requires-grad", lambda d, b: _rope(d, b, inv_freq=rope_inv_freq(8, device=d).requires_grad_()),
      NotImplementedError, "inv_freq gets no gradient", None),
@@ -482,17 +490,22 @@ def _cpp_inplace(name, device):
 
 
 @pytest.mark.parametrize("op", ["rope_", "qk_norm_rope_"])
-@pytest.mark.parametrize("target", ["k-is-q", "k-a-head-of-q", "expanded-q", "expanded-k"])
+@pytest.mark.parametrize("target", ["k-is-q", "k-a-head-of-q", "k-q-shifted-by-a-token", "expanded-q", "expanded-k"])
 def test_cpp_inplace_refuses_targets_sharing_memory(device, op, target):
     """Each element is rotated once in place: k = q, k overlapping q or an expanded tensor rotated some elements two or
-    more times (and raced on them across the CPU twin's threads), silently."""
+    more times (and raced on them across the CPU twin's threads), silently. (q and k shifted by whole tokens passed:
+    the check compared their spans within one token.)"""
     inplace, _ = _cpp_inplace(op, device)
     q = torch.randn(2, 4, 3, 8, device=device)
-    k = {"k-is-q": q, "k-a-head-of-q": q[:, :, 1:2], "expanded-q": torch.randn(2, 4, 1, 8, device=device),
+    tokens = torch.randn(2, 5, 3, 8, device=device)
+    k = {"k-is-q": q, "k-a-head-of-q": q[:, :, 1:2], "k-q-shifted-by-a-token": tokens[:, 1:],
+         "expanded-q": torch.randn(2, 4, 1, 8, device=device),
          "expanded-k": torch.randn(2, 4, 1, 8, device=device).expand(2, 4, 2, 8)}[target]
     if target == "expanded-q":
         q, k = torch.randn(2, 1, 3, 8, device=device).expand(2, 4, 3, 8), k
-    who = {"k-is-q": "q and k", "k-a-head-of-q": "q and k", "expanded-q": "q", "expanded-k": "k"}[target]
+    if target == "k-q-shifted-by-a-token":
+        q = tokens[:, :-1]
+    who = {"expanded-q": "q", "expanded-k": "k"}.get(target, "q and k")
     before = q.clone(), k.clone()
     with pytest.raises(ValueError, match=f"in place, {who} must not"):
         inplace(q, k)

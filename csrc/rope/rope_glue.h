@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -55,22 +56,37 @@ inline void set_io(Params& p, const at::Tensor& q, const std::optional<at::Tenso
   }
 }
 
-// Whether the [B, S, H, D] views q and k (one dtype) may share an element: ropewkv/ops/rope.py's _share_memory.
-// Slices of one buffer (a fused qkv projection) share none though their spans interleave: with the same token
-// strides, their spans within a token decide.
+// Whether the [B, S, H, D] views q and k (one dtype, one B and S) may share an element; true when unsure:
+// ropewkv/ops/rope.py's _share_memory. Slices of one buffer (a fused qkv projection) share none though their spans
+// interleave: with the same batch and token strides, and one token of both within a token stride (nested likewise in
+// the batch stride), no token can meet another, and the spans within a token decide. Otherwise (views shifted by
+// whole tokens, say) the spans of the whole views decide.
 inline bool may_share_memory(const at::Tensor& q, const at::Tensor& k) {
   if (q.numel() == 0 || k.numel() == 0) return false;
-  bool same_tokens = true;
-  for (int d = 0; d < 2; ++d) same_tokens = same_tokens && (q.size(d) <= 1 || q.stride(d) == k.stride(d));
-  const auto span = [&](const at::Tensor& x) {  // addresses of x's first and last element (in its first token)
-    const auto first = reinterpret_cast<uintptr_t>(x.const_data_ptr());
-    int64_t last = 0;
-    for (int d = same_tokens ? 2 : 0; d < 4; ++d) last += (x.size(d) - 1) * x.stride(d);
-    return std::pair{first, first + x.element_size() * last};
+  const auto size = int64_t(q.element_size());
+  const auto first = [](const at::Tensor& x) { return int64_t(reinterpret_cast<uintptr_t>(x.const_data_ptr())); };
+  const auto last = [&](const at::Tensor& x, int from_dim) {  // x's last element over dims from_dim..3
+    int64_t offset = 0;
+    for (int d = from_dim; d < 4; ++d) offset += (x.size(d) - 1) * x.stride(d);
+    return first(x) + size * offset;
   };
-  const auto [q_first, q_last] = span(q);
-  const auto [k_first, k_last] = span(k);
-  return q_first <= k_last && k_first <= q_last;
+  std::vector<int> outer;  // the batch and token dims (of size > 1), by stride
+  for (int d = 0; d < 2; ++d) {
+    if (q.size(d) > 1) outer.push_back(d);
+  }
+  std::sort(outer.begin(), outer.end(), [&](int a, int b) { return q.stride(a) < q.stride(b); });
+  bool nested = true;
+  for (int d : outer) nested = nested && q.stride(d) == k.stride(d);
+  if (nested) {
+    const int64_t q_last = last(q, 2), k_last = last(k, 2);
+    int64_t window = std::max(q_last, k_last) + size - std::min(first(q), first(k));  // one token of both
+    for (int d : outer) {
+      nested = nested && window <= q.stride(d) * size;
+      window += (q.size(d) - 1) * q.stride(d) * size;
+    }
+    if (nested) return first(q) <= k_last && first(k) <= q_last;
+  }
+  return first(q) <= last(k, 0) && first(k) <= last(q, 0);
 }
 
 // In place, every element must be rotated exactly once: an expanded q or k, or q and k sharing memory, would have

@@ -223,19 +223,29 @@ def _check_inplace(q, k, q4, k4) -> None:
 
 
 def _share_memory(q4: torch.Tensor, k4: torch.Tensor) -> bool:
-    """Whether the [B, S, H, D] views q4 and k4 (one dtype) may share an element. Slices of one buffer (a fused qkv
-    projection) share none though their spans interleave: with the same token strides, their spans within a token
-    decide."""
+    """Whether the [B, S, H, D] views q4 and k4 (one dtype, one B and S) may share an element; True when unsure.
+    Slices of one buffer (a fused qkv projection) share none though their spans interleave: with the same batch and
+    token strides, and one token of both (their spans within a token, from the lower start) within a token stride,
+    nested likewise in the batch stride, no token can meet another, and the spans within a token decide. Otherwise
+    (views shifted by whole tokens, say) the spans of the whole views decide."""
     if not q4.numel() or not k4.numel():
         return False
-    same_tokens = all(q4.stride(d) == k4.stride(d) for d in (0, 1) if q4.shape[d] > 1)
-    dims = (2, 3) if same_tokens else (0, 1, 2, 3)
+    size = q4.element_size()
 
-    def span(x):  # the addresses of x's first and last element (in its first token when same_tokens)
-        return x.data_ptr(), x.data_ptr() + x.element_size() * sum((x.shape[d] - 1) * x.stride(d) for d in dims)
+    def last(x, dims):  # the address of x's last element over dims (from its first)
+        return x.data_ptr() + size * sum((x.shape[d] - 1) * x.stride(d) for d in dims)
 
-    (q_first, q_last), (k_first, k_last) = span(q4), span(k4)
-    return q_first <= k_last and k_first <= q_last
+    outer = sorted((d for d in (0, 1) if q4.shape[d] > 1), key=q4.stride)
+    if all(q4.stride(d) == k4.stride(d) for d in outer):
+        q_last, k_last = last(q4, (2, 3)), last(k4, (2, 3))
+        window = max(q_last, k_last) + size - min(q4.data_ptr(), k4.data_ptr())  # the bytes one token of both spans
+        for d in outer:
+            if window > q4.stride(d) * size:
+                break
+            window += (q4.shape[d] - 1) * q4.stride(d) * size
+        else:
+            return q4.data_ptr() <= k_last and k4.data_ptr() <= q_last
+    return q4.data_ptr() <= last(k4, range(4)) and k4.data_ptr() <= last(q4, range(4))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
