@@ -7,7 +7,7 @@ RWKV-7 conventions side by side (per head; N = head size; ropewkv.wkv7 speaks al
 | RWKV-LM wkv7 / wind_rwkv | log-log, w in (-inf, -0.5) | exp(-exp(w)) | [B, H, N_v, N_k] (S[v][k]) | 1 | `decay="loglog"` |
 | RWKV-LM clampw kernels | raw LoRA output x | exp(-e^-0.5 sigmoid(x)) | [B, H, N_v, N_k] | 1 | `decay="raw"` (this module) |
 | FLA chunk/fused_recurrent_rwkv7 | log decay, in (-0.607, 0) | exp(w) | [B, H, K, V] (transpose) | K^-0.5 default in fused_recurrent; pass 1 | `ropewkv.compat.fla` |
-| HF transformers | no RWKV-7 model in 5.23 (RWKV v4 only) | - | - | - | - |
+| HF transformers | no RWKV-7 model in 5.24 (RWKV v4 only) | - | - | - | - |
 
 The three decays are one function of the LoRA output x: loglog w = -softplus(-x) - 0.5, log w = -e^-0.5 sigmoid(x).
 RWKV-LM's model computes the loglog w in the I/O dtype; this module hands x to the kernel (decay="raw"), which

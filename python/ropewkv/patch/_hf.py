@@ -227,7 +227,7 @@ def transformers(model_or_module: Union[None, torch.nn.Module, types.ModuleType]
             architectures (whose tables may have other readers, see EXACT_TABLE_MODULES), are listed in
             handle.skipped. Whatever another active handle patched is left to it (listed in handle.skipped).
         rwkv7: swap HF's RWKV-7 time-mix kernel, if the installed transformers has an RWKV-7 model. transformers
-            5.23 has none (only RWKV v4): then nothing is patched and handle.skipped says so.
+            5.24 has none (only RWKV v4): then nothing is patched and handle.skipped says so.
         precision: None (the build default, "fp32") or "fp32": exact angles end to end: fp32 tables of exact angles
             from the swapped rotary modules, fp32 math, one rounding to q's dtype (0.5 ulp in a bf16 model, at any
             position). "bf16": HF's own tables and HF's eager arithmetic, bit for bit: in the model's dtype, or, where

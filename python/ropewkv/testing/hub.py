@@ -1,7 +1,7 @@
 """Running HF transformers' kernel-hub path with the `kernels` library this machine's index has.
 
-transformers 5.23 accepts only kernels >= 0.18.2, < 0.19; the newest kernels our package index has is 0.17.2, and
-transformers 5.20-5.22 accept exactly that (their hub_kernels.py differs from 5.23's only in the versions of the hub
+transformers 5.23 and 5.24 accept only kernels >= 0.18.2, < 0.19; the newest kernels our package index has is 0.17.2,
+and transformers 5.20-5.22 accept exactly that (their hub_kernels.py differs from 5.23's only in the versions of the hub
 repositories it names, not in the kernels API it calls). transformers decides at import whether to use kernels (its
 decorators are identities otherwise), so this must run before any transformers modeling code is imported."""
 from __future__ import annotations

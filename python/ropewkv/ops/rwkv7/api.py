@@ -242,7 +242,8 @@ def _run(tensors, initial_state, output_final_state: bool, cu_seqlens, decay: st
 def _poisoned_unless_valid(cu_seqlens: torch.Tensor, tokens: int, y, final_state):
     """Under torch.compile cu_seqlens' values go unchecked (the check needs a host sync). The kernels clamp malformed
     offsets, so nothing is read or written out of bounds, but tokens outside every sequence would be left unwritten
-    and overlapping sequences would race: instead, y and the final state become NaN, on the device."""
+    and overlapping sequences would race: instead, y and the final state become NaN, on the device. (The backward's
+    gradients are not poisoned: the loss is NaN already, and a pass over them would cost every valid call.)"""
     valid = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == tokens) & (cu_seqlens[1:] >= cu_seqlens[:-1]).all()
     nan = torch.tensor(float("nan"), device=y.device)
     return torch.where(valid, y, nan.to(y.dtype)), (None if final_state is None else
