@@ -149,6 +149,9 @@ CASES = [
     ("rope-offset-past-int32", lambda d, b: _rope(d, b, seqlen_offsets=2**33), ValueError, POSITIONS_INEXACT, None),
     ("rope-offset-plus-tokens", lambda d, b: _rope(d, b, seqlen_offsets=2**24 - 3), ValueError, POSITIONS_INEXACT,
      None),
+    # (with positions on a GPU, whose values go unchecked, the int offset alone is still checked)
+    ("rope-positions-and-offset-past", lambda d, b: _rope(d, b, positions=_idx([0, 1, 2, 3], d), seqlen_offsets=2**24),
+     ValueError, POSITIONS_INEXACT, None),
     ("rope-offset-float", lambda d, b: _rope(d, b, seqlen_offsets=1.5), TypeError, "seqlen_offsets must be an int",
      None),
     ("rope-offset-shape", lambda d, b: _rope(d, b, seqlen_offsets=_idx([1, 2, 3], d)), ValueError,

@@ -344,13 +344,12 @@ def _check_exact_positions(pos, seqlen_offsets, cu, batch: int, seqlen: int, thd
     must be within (-2^24, 2^24), where it converts to fp32 exactly; past that the angles, hence the rotation, are
     wrong. Checked wherever the values are known on the host (_checks_values), not assumed elsewhere. pos: as
     _positions returns it."""
-    if pos is not None:
-        if not _checks_values(pos) or not pos.numel():
-            return
+    known = _checks_values(pos) if pos is not None else cu is None or _checks_values(cu)
+    if not known or (pos is not None and not pos.numel()):
+        low, high = 0, 0  # no positions known here: an int offset alone is checked
+    elif pos is not None:
         low, high = int(pos.min()), int(pos.max())  # (not abs().max(): abs of the int64 minimum overflows)
     elif cu is not None:
-        if not _checks_values(cu):
-            return
         low, high = 0, int((cu[1:] - cu[:-1]).max()) - 1
     else:
         low, high = 0, seqlen - 1
@@ -361,7 +360,7 @@ def _check_exact_positions(pos, seqlen_offsets, cu, batch: int, seqlen: int, thd
         offset = int(seqlen_offsets.max())  # (offsets are >= 0)
     if -MAX_EXACT_POSITION < low and high + offset < MAX_EXACT_POSITION:
         return
-    if isinstance(seqlen_offsets, torch.Tensor) and max(-low, high, offset) < 2**62:  # (no int64 overflow below)
+    if known and isinstance(seqlen_offsets, torch.Tensor) and max(-low, high, offset) < 2**62:  # (no int64 overflow)
         # The largest offset may be another sequence's than the largest position's: the exact absolute positions.
         rows = [None] if pos is None else list(pos) if pos.dim() == (2 if thd else 3) else [pos]
         absolute = [reference.token_positions(batch, seqlen, None if row is None else row.squeeze(-1) if thd else row,
