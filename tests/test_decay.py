@@ -38,20 +38,15 @@ def test_gradient_precise_in_the_tails(device, x):
         assert abs(float(leaf.grad.double().cpu() / expected) - 1) < 6 * 2.0**-23, backend
 
 
-def _truncated_to_bf16(x32: torch.Tensor) -> torch.Tensor:
-    """fp32 -> bf16 by dropping the low 16 bits: the Triton interpreter's store (it truncates, where a GPU rounds)."""
-    return (x32.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_twin_is_bit_identical_to_the_cpu_twin(device, dtype):
     """One exp polynomial, correctly rounded divisions and the same order of products in both (ropewkv/decay.h,
     mirrored in Triton): the same fp32 bits, forward and backward, over the model's range and the tails (also NaN and
-    +-inf). Each twin gets its own leaf (x.to("cpu") is x itself, so a shared leaf would sum both gradients). Under the
-    interpreter, a bf16 gradient is the CPU twin's fp32 gradient truncated rather than rounded (its store), except
-    where that is an fp32 subnormal, which its store converts otherwise (-6.15e-39 from -2.2e-39 at x = 88.5): those
-    few are left out there. Its fma emulation can differ from a true fma by one ulp in rare ties (~1 in 2^29 per fma;
-    7 per value here)."""
+    +-inf). Each twin gets its own leaf (x.to("cpu") is x itself, so a shared leaf would sum both gradients). The
+    Triton backward rounds a bf16 gradient to nearest even itself under the interpreter, whose bf16 store truncates
+    (it came out one bf16 ulp off in half the values); its store still converts an fp32 subnormal otherwise
+    (-5.9e-39 from -2.2e-39 at x = 88.5), so those few are left out there. The interpreter's fma emulation can differ
+    from a true fma by one ulp in rare ties (~1 in 2^29 per fma; 7 per value here)."""
     if "triton" not in ropewkv.available_backends(device):
         pytest.skip(f"no Triton twin for {device} tensors")
     x = torch.cat([decay_parity.decay_input(20000, torch.float64, seeded(16)) * 3,
@@ -69,8 +64,8 @@ def test_triton_twin_is_bit_identical_to_the_cpu_twin(device, dtype):
     checked = torch.ones(x.shape, dtype=torch.bool)
     if torch.device(device).type == "cpu" and dtype == torch.bfloat16:
         grad32 = forward_and_backward("cpu", x.float(), "cpu")[1]
-        expected = expected[0], _truncated_to_bf16(grad32)
         checked = ~((grad32 != 0) & (grad32.abs() < torch.finfo(torch.float32).tiny))
+        assert (~checked).sum() <= 2  # x = 88.5, and one of the 20,000 at most
     for name, want, triton in zip(("forward", "backward"), expected, triton_outputs):
         want, triton = want[checked], triton[checked]
         assert torch.equal(want.isnan(), triton.isnan()), name

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from ._common import INTERPRETING, fma, rint
+from .rope import _round_to
 
 EXP_MINUS_HALF = tl.constexpr(0.60653065971263342)  # e^{-1/2}; jit globals must be constexpr
 _INTERPRETING = tl.constexpr(INTERPRETING)
@@ -87,7 +88,9 @@ def _log_decay_backward_kernel(grad_ptr, x_ptr, grad_x_ptr, n, BLOCK: tl.constex
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
     grad = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
-    tl.store(grad_x_ptr + offsets, (grad * log_decay_from_raw_grad(x)).to(grad_x_ptr.dtype.element_ty), mask=mask)
+    # Rounded to nearest even: the interpreter's bf16 stores truncate, and the CPU twin rounds.
+    grad_x = _round_to(grad * log_decay_from_raw_grad(x), grad_x_ptr.dtype.element_ty, _INTERPRETING)
+    tl.store(grad_x_ptr + offsets, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
 def log_decay_forward(x, out):
