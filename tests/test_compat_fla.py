@@ -182,6 +182,25 @@ def test_fused_mul_recurrent_rwkv7_matches_fla(fla, device, case):
         assert rms_ratio(got, want[2][name]) < bound, (case, "d" + name)
 
 
+@pytest.mark.parametrize("seqlen", [1, 6])
+def test_fused_mul_recurrent_rwkv7_in_bf16_keeps_the_state_fp32(fla, device, seqlen):
+    """bf16 inputs, as a patched bf16 model without autocast decodes: b = kk * a is taken in fp32, as FLA's kernel does
+    (rounded to bf16 first, the final state was 1.2e-4 .. 2.7e-4 from fp64 against FLA's 4e-8 .. 7e-8)."""
+    x, gate = fla_case(2, seqlen, 2, 32, seed=6, device=device)
+    x_mul = {"r": x["r"], "w": x["w"], "k": x["k"], "v": x["v"], **gate}
+    x_mul = {n: t.to(torch.bfloat16) for n, t in x_mul.items()}
+    x_mul["initial_state"] = x["initial_state"]
+    want = oracle_with_grads({}, 1.0, cotangents_for(x, 2, seed=7), gate_form=x_mul)
+    kwargs = dict(output_final_state=True)
+    with torch.no_grad():
+        theirs = run(fla.ops.fused_mul_recurrent_rwkv7, x_mul, kwargs)
+        ours = run(compat.fused_mul_recurrent_rwkv7, x_mul, kwargs)
+    assert ours[0].dtype == torch.bfloat16 and ours[1].dtype == torch.float32
+    bound = parity.tolerance(torch.float32, "fp32", seqlen).rms  # the state: fp32 accuracy
+    assert rms_ratio(ours[1], want[1]) < bound and rms_ratio(theirs[1], want[1]) < bound
+    assert rms_ratio(ours[0], want[0]) < parity.tolerance(torch.bfloat16, "fp32", seqlen).rms
+
+
 def test_lower_bound_is_checked_against_the_decays(fla):
     x, _ = fla_case(1, 6, 1, 32, seed=6)
     x["w"] = LOWER_BOUND * torch.ones_like(x["w"])  # FLA's layer at a saturated sigmoid: rounds below -e^-0.5

@@ -133,6 +133,9 @@ def fused_mul_recurrent_rwkv7(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor,
     if reverse:
         order = _reversed_time(cu_seqlens, r.shape[1], r.device)
         r, w, k, v, kk, a = (x.index_select(1, order) for x in (r, w, k, v, kk, a))
-    y, final_state = _run(r, w, k, v, -kk, kk * a, scale, initial_state, output_final_state, cu_seqlens, v.dtype,
-                          precision, backend)
+    # b = kk * a in fp32 (or wider), as FLA's kernel multiplies them: rounded to bf16 first, the state lost ~3000x
+    # in precision. (A wider b widens the kernel's I/O, exactly: _run.)
+    product_dtype = torch.promote_types(torch.promote_types(kk.dtype, a.dtype), torch.float32)
+    y, final_state = _run(r, w, k, v, -kk, kk.to(product_dtype) * a.to(product_dtype), scale, initial_state,
+                          output_final_state, cu_seqlens, v.dtype, precision, backend)
     return (y.index_select(1, order) if reverse else y), final_state
