@@ -348,6 +348,23 @@ def test_step_errors_name_the_argument():
         ops.wkv7_step(*xs, torch.zeros(1, 1, 32, 32), decay="sigmoid")
 
 
+def test_step_bumps_the_state_version_so_a_saved_state_fails_autograd(device):
+    """The state is updated in place: another op that saved it for backward must fail autograd's check rather than use
+    the changed state silently (the C++ ops' declared mutation bumped no version counter outside autograd)."""
+    inputs = parity.rwkv7_inputs(2, 1, 1, 32, generator=seeded(31), device=device, initial_state=True)
+    xs = [inputs[k][:, 0] for k in parity.GRAD_NAMES[:6]]
+    for backend in kernel_backends(device) + ["reference"]:
+        for path in ("general", "fast"):  # the second call takes the decode fast path
+            state = inputs["initial_state"].clone()
+            weight = torch.ones_like(state, requires_grad=True)
+            saved = (weight * state).sum()  # mul saves state for weight's gradient
+            version = state._version
+            ops.wkv7_step(*xs, state, backend=backend)
+            assert state._version > version, (backend, path)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                saved.backward()
+
+
 def test_step_refuses_gradients_except_on_the_reference(device):
     """The step ops have no autograd kernel: torch alone would only warn, and the cpu twin's backward silently dropped
     the step. So with grad mode on, an input or a state that requires grad is refused, also after the fast path has

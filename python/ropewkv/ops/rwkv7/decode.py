@@ -42,11 +42,19 @@ def _launch_triton_step(r, w, k, v, a, b, state, decay: str, low_precision: bool
 _triton_step.register_fake(_fake_step)
 
 
+def _cpp_step(op, r, w, k, v, a, b, state, decay_code: int, precision_code: int) -> torch.Tensor:
+    """The C++ step, and the state's version counter bumped: the schema's mutation bumps none outside autograd, so a
+    state some other op saved for backward was silently used changed (the Triton and reference paths bump it)."""
+    y = op(r, w, k, v, a, b, state, decay_code, precision_code)
+    torch.autograd.graph.increment_version(state)
+    return y
+
+
 def _cpp_runner(decay_code: int, precision_code: int):
     op = torch.ops.ropewkv.wkv7_step
 
     def run(r, w, k, v, a, b, state):
-        return op(r, w, k, v, a, b, state, decay_code, precision_code)
+        return _cpp_step(op, r, w, k, v, a, b, state, decay_code, precision_code)
     return run
 
 
@@ -141,7 +149,7 @@ def wkv7_step(r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                else _cpp_runner(decay_code, _backend.precision_code(precision)))
         _ACCEPTED[(backend, precision_arg, decay, r.dtype, w.dtype, n, r.device)] = (state.dtype, run)
     if resolved in ("cpu", "cuda"):
-        return torch.ops.ropewkv.wkv7_step(*tensors, state, decay_code, _backend.precision_code(precision))
+        return _cpp_step(torch.ops.ropewkv.wkv7_step, *tensors, state, decay_code, _backend.precision_code(precision))
     if resolved == "triton":
         return torch.ops.ropewkv.wkv7_triton_step(*tensors, state, decay, precision)
     y, new_state = reference.wkv7_step(*(x.to(state.dtype) for x in tensors), state, decay)
