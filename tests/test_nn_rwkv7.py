@@ -174,3 +174,20 @@ def test_later_layers_name_a_missing_v_first():
     layer = RWKV7TimeMix(64, head_size=32, layer_id=1, n_layer=2)
     with pytest.raises(ValueError, match="v_first is required by layer 1"):
         layer(torch.randn(1, 3, 64))
+
+
+@pytest.mark.parametrize("case", ["x-int", "x-2d", "x-channels", "state-batch", "v_first-shape"])
+def test_bad_input_names_the_argument(case):
+    """Each raised a torch error from deep inside (an unpack, a matmul, a cat) that named no argument, or (an integer
+    x) was accepted."""
+    layer = RWKV7TimeMix(64, head_size=32, layer_id=1, n_layer=2)
+    x, v_first = torch.randn(2, 3, 64), torch.randn(2, 3, 64)
+    call, pattern = {
+        "x-int": (lambda: layer(x.long(), v_first), r"x must be a float tensor \[B, T, C = 64\], got torch.int64"),
+        "x-2d": (lambda: layer(x[0], v_first), r"x must be a float tensor .* of shape \(3, 64\)"),
+        "x-channels": (lambda: layer(x[..., :32], v_first), r"x must be a float tensor .* of shape \(2, 3, 32\)"),
+        "state-batch": (lambda: layer(x, v_first, state=layer.initial_state(3)), r"state must hold .* \[2, 64\]"),
+        "v_first-shape": (lambda: layer(x, v_first[:, :2]), r"v_first must have x's shape \(2, 3, 64\)"),
+    }[case]
+    with pytest.raises(ValueError, match=pattern):
+        call()

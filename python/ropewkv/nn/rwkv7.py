@@ -121,8 +121,16 @@ class RWKV7TimeMix(nn.Module):
             the token shift and its wkv is the initial state; both are replaced by the values after x. A one-token
             call without autograd runs ropewkv.wkv7_step, updating state.wkv in place.
         """
-        B, T, C = x.shape
-        H, N = self.n_head, self.head_size
+        C, H, N = self.hidden_size, self.n_head, self.head_size
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != C or not x.is_floating_point():
+            raise ValueError(f"x must be a float tensor [B, T, C = {C}], got "
+                             f"{f'{x.dtype} of shape {tuple(x.shape)}' if isinstance(x, torch.Tensor) else type(x)}")
+        B, T, _ = x.shape
+        if state is not None and (tuple(state.x_prev.shape) != (B, C) or tuple(state.wkv.shape) != (B, H, N, N)):
+            raise ValueError(f"state must hold x_prev [B, C] = [{B}, {C}] and wkv [B, H, N, N] = [{B}, {H}, {N}, {N}] "
+                             f"for x's batch, got {tuple(state.x_prev.shape)} and {tuple(state.wkv.shape)}")
+        if self.layer_id != 0 and v_first is not None and v_first.shape != x.shape:
+            raise ValueError(f"v_first must have x's shape {tuple(x.shape)}, got {tuple(v_first.shape)}")
         previous = (state.x_prev.unsqueeze(1) if state is not None else x.new_zeros(B, 1, C))
         xx = torch.cat((previous, x[:, :-1]), dim=1) - x  # token shift: x[t-1] - x[t]
         xr, xw, xk, xv, xa, xg = (x + xx * mix for mix in (self.x_r, self.x_w, self.x_k, self.x_v, self.x_a,

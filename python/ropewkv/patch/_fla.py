@@ -21,8 +21,9 @@ def fla(module: Optional[types.ModuleType] = None) -> PatchHandle:
     Args:
         module: None: rebind the three names in FLA's own modules (fla.ops.rwkv7 and the files defining them) and in
             every already-imported module that holds FLA's original functions under those names (e.g. fla.layers.rwkv7,
-            which did `from fla.ops.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7`). Modules imported after the patch that import from
-            fla.ops.rwkv7 get ours. Raises ModuleNotFoundError if fla is not installed.
+            which did `from fla.ops.rwkv7 import chunk_rwkv7, fused_mul_recurrent_rwkv7`). Modules imported after the
+            patch that import from fla.ops.rwkv7 get ours, and keep them after undo (they copied the name while it was
+            ours; undo restores what the patch rebound). Raises ModuleNotFoundError if fla is not installed.
             A module: rebind those names in that module only (FLA itself need not be installed).
     Returns:
         a PatchHandle (undo(), or use it as a context manager). Names another active handle patched are left to it
