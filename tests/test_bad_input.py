@@ -327,6 +327,14 @@ def test_rope_positions_just_under_2_24_are_taken(device):
             out = rope(q, inv_freq=rope_inv_freq(16, device=device), cu_seqlens=cu, seqlen_offsets=offsets,
                        layout="thd", backend=backend)
         torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-6)  # measured 4.3e-7 (cpu twin)
+        # M-RoPE with three equal rows of positions is plain RoPE: the same exact check per row (it raised a
+        # RuntimeError for [3, T] positions near the limit), then one past it refused.
+        rows = (torch.arange(10) - torch.tensor([0] * 4 + [4] * 6)).expand(3, 10).to(device)
+        mrope = dict(inv_freq=rope_inv_freq(16, device=device), cu_seqlens=cu, seqlen_offsets=offsets,
+                     mrope_section=[4, 2, 2], layout="thd", backend=backend)
+        torch.testing.assert_close(rope(q, positions=rows, **mrope), out, rtol=0, atol=0)
+        with pytest.raises(ValueError, match=POSITIONS_INEXACT):
+            rope(q, positions=rows + torch.tensor([[0], [1], [0]], device=device), **mrope)
 
 
 def test_rope_thd_with_empty_sequences(device):

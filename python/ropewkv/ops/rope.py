@@ -339,7 +339,7 @@ def _positions(positions, batch: int, seqlen: int, thd: bool, q: torch.Tensor, m
     return pos.unsqueeze(-2) if thd else pos
 
 
-def _check_exact_positions(pos, seqlen_offsets, cu, batch: int, seqlen: int, thd: bool) -> None:
+def _check_exact_positions(pos, seqlen_offsets, cu, batch: int, seqlen: int, thd: bool, mrope: bool) -> None:
     """Every absolute position (the given position, or the token's index in its sequence, plus the sequence's offset)
     must be within (-2^24, 2^24), where it converts to fp32 exactly; past that the angles, hence the rotation, are
     wrong. Checked wherever the values are known on the host (_checks_values), not assumed elsewhere. pos: as
@@ -362,8 +362,8 @@ def _check_exact_positions(pos, seqlen_offsets, cu, batch: int, seqlen: int, thd
         return
     if known and isinstance(seqlen_offsets, torch.Tensor) and max(-low, high, offset) < 2**62:  # (no int64 overflow)
         # The largest offset may be another sequence's than the largest position's: the exact absolute positions.
-        rows = [None] if pos is None else list(pos) if pos.dim() == (2 if thd else 3) else [pos]
-        absolute = [reference.token_positions(batch, seqlen, None if row is None else row.squeeze(-1) if thd else row,
+        rows = list(pos) if mrope else [pos]  # (a "thd" row is [1, T])
+        absolute = [reference.token_positions(batch, seqlen, None if row is None else row.reshape(-1) if thd else row,
                                               seqlen_offsets, cu) for row in rows]
         low, high, offset = min(int(a.min()) for a in absolute), max(int(a.max()) for a in absolute), 0
         if -MAX_EXACT_POSITION < low and high < MAX_EXACT_POSITION:
@@ -442,7 +442,7 @@ def _normalise_rope(q, k, inv_freq, positions, seqlen_offsets, cu_seqlens, layou
     offsets = _offsets(seqlen_offsets, n_offsets, q)
     section = _mrope_section(mrope_section, mrope_interleaved, rotary_dim)
     pos = _positions(positions, batch, seqlen, layout == "thd", q, section is not None)
-    _check_exact_positions(pos, seqlen_offsets, cu, batch, seqlen, layout == "thd")
+    _check_exact_positions(pos, seqlen_offsets, cu, batch, seqlen, layout == "thd", section is not None)
     if not isinstance(attention_scaling, (int, float)):
         raise TypeError(f"attention_scaling must be a float, got {type(attention_scaling).__name__}")
     args = (inv, pos, offsets, cu, bool(interleaved), False, float(attention_scaling),
