@@ -348,7 +348,7 @@ def _check_exact_positions(pos, seqlen_offsets, cu, batch: int, seqlen: int, thd
     if not known or (pos is not None and not pos.numel()):
         low, high = 0, 0  # no positions known here: an int offset alone is checked
     elif pos is not None:
-        low, high = int(pos.min()), int(pos.max())  # (not abs().max(): abs of the int64 minimum overflows)
+        low, high = map(int, torch.aminmax(pos))  # (not abs().max(): abs of the int64 minimum overflows)
     elif cu is not None:
         low, high = 0, int((cu[1:] - cu[:-1]).max()) - 1
     else:
@@ -531,8 +531,10 @@ def _rope_fast(q, k, inv_freq, seqlen_offsets, layout, interleaved, rotary_dim, 
         offsets = seqlen_offsets
         if not _offsets_as_taken(offsets) or offsets.numel() != batch or offsets.device != device:
             return None
-        if q.is_cpu and batch and (int(offsets.min()) < 0 or int(offsets.max()) + seqlen > MAX_EXACT_POSITION):
-            return None  # as _check_cpu_nonnegative and _check_exact_positions
+        if q.is_cpu and batch:  # as _check_cpu_nonnegative and _check_exact_positions (one reduction for both)
+            low, high = torch.aminmax(offsets)
+            if int(low) < 0 or int(high) + seqlen > MAX_EXACT_POSITION:
+                return None
     elif type(seqlen_offsets) is int and seqlen_offsets == 0:
         offsets = None
     else:
