@@ -164,7 +164,7 @@ CASES = [
      "inplace=True needs q and k in separate memory", None),
     ("rope-inplace-k-a-head-of-q", lambda d, b: _rope_inplace_aliased(d, b, lambda q: q[:, :, 1:]), ValueError,
      "inplace=True needs q and k in separate memory", None),
-    ("rope-inplace-k-q-shifted-by-a-token", lambda d, b: _rope_shifted_by_a_token(d, b), ValueError,
+    ("rope-inplace-k-q-shifted-by-a-token", _rope_shifted_by_a_token, ValueError,
      "inplace=True needs q and k in separate memory", None),
     ("rope-inv-freq-requires-grad", lambda d, b: _rope(d, b, inv_freq=rope_inv_freq(8, device=d).requires_grad_()),
      NotImplementedError, "inv_freq gets no gradient", None),
