@@ -1,5 +1,5 @@
 """Shared Triton helpers: the interpreter flag, the one dot product every kernel routes through, and the exact fp32
-building blocks (a single-rounding fma, C's rintf) that the shared math headers' polynomials are mirrored with."""
+building blocks (a single-rounding fma, C's rintf, bf16 rounding) that the shared math headers' polynomials are mirrored with."""
 import triton
 import triton.language as tl
 
@@ -38,3 +38,12 @@ def rint(x):
     a = tl.abs(x)
     r = tl.where(a < 8388608.0, (a + 8388608.0) - 8388608.0, a)
     return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def rne_bf16(x):
+    """x (fp32) rounded to the nearest bf16, ties to even, kept in fp32; NaN stays NaN. In integer operations, so that
+    the interpreter (whose bf16 casts truncate) and the compiled kernels give the same bits."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRETING, fma, rint
+from ._common import INTERPRETING, fma, rint, rne_bf16
 
 # 2pi split into three fp32 parts (exact decomposition computed with mpmath), and fp32(1/2pi). Globals read in
 # @triton.jit code must be tl.constexpr when compiled.
@@ -57,9 +57,7 @@ def _diff_of_products(a, b, c, d, INTERPRETING: tl.constexpr):
 def _round_to(x, dtype: tl.constexpr, INTERPRETING: tl.constexpr):
     """x (fp32) rounded to nearest even in `dtype`, returned as fp32."""
     if INTERPRETING and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+        return rne_bf16(x)
     return x.to(dtype).to(tl.float32)
 
 

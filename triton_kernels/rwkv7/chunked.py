@@ -59,15 +59,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import INTERPRETING
-from .recurrent import _log_decay, _rne_bf16, _sequence, _zero_gap_slot, launch_grid
+from .._common import INTERPRETING, rne_bf16
+from .recurrent import DECAY_CODES, _log_decay, _sequence, _zero_gap_slot, launch_grid
 from .recurrent import checkpoint_slots  # noqa: F401  (re-exported)
 
 CHUNK = 16
 # The least log decay the chunk's cumulative sums see: exp(-110) is 0 in fp32 (below half the least subnormal).
 LOG_D_FLOOR = tl.constexpr(-110.0)
-DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
-HEAD_SIZES = (32, 64, 128, 256)
 # The forward's kernels: the prep (a program per chunk and head) and the state pass (a program per sequence, head and
 # VALUE_BLOCK state columns).
 PREP_NUM_WARPS = {32: 4, 64: 4, 128: 4, 256: 4}
@@ -103,14 +101,14 @@ def _dot(x, y, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, X_BF16: tl.cons
         if X_BF16 and Y_BF16:
             return _bf16_dot(x, y, INTERPRET)
         if X_BF16:
-            y_hi = _rne_bf16(y)
-            return _bf16_dot(x, y_hi, INTERPRET) + _bf16_dot(x, _rne_bf16(y - y_hi), INTERPRET)
-        x_hi = _rne_bf16(x)
+            y_hi = rne_bf16(y)
+            return _bf16_dot(x, y_hi, INTERPRET) + _bf16_dot(x, rne_bf16(y - y_hi), INTERPRET)
+        x_hi = rne_bf16(x)
         if Y_BF16:
-            return _bf16_dot(x_hi, y, INTERPRET) + _bf16_dot(_rne_bf16(x - x_hi), y, INTERPRET)
-        y_hi = _rne_bf16(y)
-        x_lo = _rne_bf16(x - x_hi)
-        y_lo = _rne_bf16(y - y_hi)
+            return _bf16_dot(x_hi, y, INTERPRET) + _bf16_dot(rne_bf16(x - x_hi), y, INTERPRET)
+        y_hi = rne_bf16(y)
+        x_lo = rne_bf16(x - x_hi)
+        y_lo = rne_bf16(y - y_hi)
         return _bf16_dot(x_hi, y_hi, INTERPRET) + (_bf16_dot(x_lo, y_hi, INTERPRET) + _bf16_dot(x_hi, y_lo, INTERPRET))
     return tl.dot(x, y, input_precision="ieee")
 
@@ -119,7 +117,7 @@ def _dot(x, y, BF16_DOTS: tl.constexpr, INTERPRET: tl.constexpr, X_BF16: tl.cons
 def _load_rows(ptr, at, mask, LOW_PRECISION: tl.constexpr):
     x = tl.load(ptr + at, mask=mask, other=0.0).to(tl.float32)
     if LOW_PRECISION and ptr.dtype.element_ty != tl.bfloat16:  # bf16 inputs are bf16 already
-        x = _rne_bf16(x)
+        x = rne_bf16(x)
     return x
 
 
@@ -127,7 +125,7 @@ def _load_rows(ptr, at, mask, LOW_PRECISION: tl.constexpr):
 def _store_rows(ptr, at, x, LOW_PRECISION: tl.constexpr, mask):
     # The explicit bf16 rounding also makes interpreted bf16 stores round to nearest (the interpreter truncates).
     if LOW_PRECISION or ptr.dtype.element_ty == tl.bfloat16:
-        x = _rne_bf16(x)
+        x = rne_bf16(x)
     tl.store(ptr + at, x.to(ptr.dtype.element_ty), mask=mask)
 
 

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._common import rne_bf16
 from ..decay import log_decay_from_raw, log_decay_from_raw_grad
 
 CHUNK = 16
@@ -62,18 +63,10 @@ def checkpoint_slots(tokens: int, n_seqs: int) -> int:
 
 
 @triton.jit
-def _rne_bf16(x):
-    """x rounded to the nearest bf16 (ties to even), kept in fp32; NaN stays NaN."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
-
-
-@triton.jit
 def _load_in(ptr, offsets, LOW_PRECISION: tl.constexpr, mask=None):
     x = tl.load(ptr + offsets, mask=mask).to(tl.float32)
     if LOW_PRECISION and ptr.dtype.element_ty != tl.bfloat16:  # bf16 inputs are bf16 already
-        x = _rne_bf16(x)
+        x = rne_bf16(x)
     return x
 
 
@@ -81,7 +74,7 @@ def _load_in(ptr, offsets, LOW_PRECISION: tl.constexpr, mask=None):
 def _store_out(ptr, offsets, x, LOW_PRECISION: tl.constexpr, mask=None):
     # The explicit bf16 rounding also makes interpreted bf16 stores round to nearest (the interpreter truncates).
     if LOW_PRECISION or ptr.dtype.element_ty == tl.bfloat16:
-        x = _rne_bf16(x)
+        x = rne_bf16(x)
     tl.store(ptr + offsets, x.to(ptr.dtype.element_ty), mask=mask)
 
 
