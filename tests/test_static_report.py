@@ -21,9 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_nvcc = pytest.mark.skipif(cuda.nvcc() is None, reason="nvcc not found: the CUDA half of the static "
                                 "report cannot run here (CI and the GPU machine have it)")
 
-# One loop (0x40-0xf0) whose iteration makes or skips a 2-byte copy beside its 16-byte accesses, with a 64-bit
-# division whose slow path is a CALL to out-of-line code after EXIT; a trailing self-branch, as nvcc pads every
-# function.
+# One loop (0x40-0x100) whose iteration makes or skips a 2-byte copy beside its 16-byte accesses, with a 64-bit
+# division whose slow path is a CALL to out-of-line code after EXIT, and a barrier; a trailing self-branch, as nvcc
+# pads every function.
 SASS = """
         Function : kernel
         /*0000*/                   MOV R1, c[0x0][0x28] ;
@@ -32,7 +32,7 @@ SASS = """
         /*0030*/                   MOV R2, RZ ;
         /*0040*/                   ISETP.NE.AND P1, PT, R2, RZ, PT ;
         /*0050*/              @!P1 BRA 0x80 ;
-        /*0060*/                   CALL.REL.NOINC 0x110 ;
+        /*0060*/                   CALL.REL.NOINC 0x120 ;
         /*0070*/                   BRA 0x90 ;
         /*0080*/                   IMAD R3, R2, R2, RZ ;
         /*0090*/               @P1 BRA 0xc0 ;
@@ -41,13 +41,14 @@ SASS = """
         /*00c0*/                   LDG.E.128 R4, desc[UR4][R6.64] ;
         /*00d0*/                   LDG.E.128 R8, desc[UR4][R6.64+0x10] ;
         /*00e0*/                   STG.E.128 desc[UR4][R6.64], R4 ;
-        /*00f0*/               @P2 BRA 0x40 ;
-        /*0100*/                   EXIT ;
-        /*0110*/                   IADD3 R10, R10, 0x1, RZ ;
+        /*00f0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0100*/               @P2 BRA 0x40 ;
+        /*0110*/                   EXIT ;
         /*0120*/                   IADD3 R10, R10, 0x1, RZ ;
         /*0130*/                   IADD3 R10, R10, 0x1, RZ ;
-        /*0140*/                   RET.REL.NODEC R20 0x0 ;
-        /*0150*/                   BRA 0x150;
+        /*0140*/                   IADD3 R10, R10, 0x1, RZ ;
+        /*0150*/                   RET.REL.NODEC R20 0x0 ;
+        /*0160*/                   BRA 0x160;
 """
 
 
@@ -57,12 +58,13 @@ def test_sass_loops_and_paths():
     paths = flow.paths(flow.loops[0])
     # Fewest instructions per stored total: the division's inline path (1 IMAD) beats the CALL (1 + 4 + BRA).
     assert sorted(paths) == [16, 18]
-    assert paths[16].instructions == 8 and paths[16].accesses == {"LDG.128": 2, "STG.128": 1}
-    assert paths[18].instructions == 10 and paths[18].accesses == {"LDG.U16": 1, "STG.U16": 1, "LDG.128": 2,
+    assert paths[16].instructions == 9 and paths[16].accesses == {"LDG.128": 2, "STG.128": 1}
+    assert paths[18].instructions == 11 and paths[18].accesses == {"LDG.U16": 1, "STG.U16": 1, "LDG.128": 2,
                                                                      "STG.128": 1}
+    assert paths[16].barriers == paths[18].barriers == 1
     assert not report.moves_16_bytes(paths[18]) and report.moves_16_bytes(paths[16])
     whole = flow.paths()
-    assert min(whole) == 0 and whole[0].instructions == 3  # the early EXIT
+    assert min(whole) == 0 and whole[0].instructions == 3 and whole[0].barriers == 0  # the early EXIT
 
 
 @pytest.fixture(scope="module")

@@ -435,7 +435,7 @@ def token_iteration(kernel, workload: Workload) -> Path:
 
 def _times(path: Path, count: float) -> Path:
     return Path(path.instructions * count, path.loaded * count, path.stored * count, path.stored_unmasked * count,
-                Counter({access: n * count for access, n in path.accesses.items()}))
+                Counter({access: n * count for access, n in path.accesses.items()}), path.barriers * count)
 
 
 def predict(kernel, workload: Workload) -> Prediction:

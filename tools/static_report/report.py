@@ -117,8 +117,9 @@ def _storing_loops(kernel: Kernel) -> str:
     if not loops:
         return f"no loop stores; whole kernel {kernel.work.instructions} instr: {_accesses(kernel.work)}"
     hot = kernel.hot_loop
-    return "<br>".join(f"{'**hot** ' if loop is hot else ''}@{loop.address:#x} {loop.work.instructions} instr: "
-                       f"{_accesses(loop.work)}" for loop in loops)
+    return "<br>".join(f"{'**hot** ' if loop is hot else ''}@{loop.address:#x} {loop.work.instructions} instr"
+                       f"{f', {loop.work.barriers} BAR.SYNC' if loop.work.barriers else ''}: {_accesses(loop.work)}"
+                       for loop in loops)
 
 
 def _us(seconds: float) -> str:
@@ -169,8 +170,9 @@ def markdown(kernels: list[Kernel], predictions: list[model.Prediction], header:
         "Registers, ptxas's spill bytes (stores/loads) and stack frame, shared memory (CUDA: static only, the "
         "dynamic part is set at launch; Triton: all of it), tensor-core instructions in the kernel (static count: "
         "HMMA, HGMMA and kin), and for each innermost loop that stores to global "
-        "memory one iteration's instructions and global (LDG/STG) and local (LDL/STL) accesses per thread, on the "
-        "path that stores the most; **hot**: the loop that stores the most per iteration.",
+        "memory one iteration's instructions, block-wide barriers (BAR.SYNC, where any) and global (LDG/STG) and "
+        "local (LDL/STL) accesses per thread, on the path that stores the most; **hot**: the loop that stores the "
+        "most per iteration.",
         "",
         _row("twin", "kernel", "regs", "spill st/ld B", "stack B", "smem B", "mma",
              "loops that store: instructions and accesses per thread"),

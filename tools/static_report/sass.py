@@ -105,16 +105,19 @@ def parse(text: str) -> dict[str, list[Instruction]]:
 class Path:
     """Totals of one path, per thread: instructions issued (a CALL adds its callee's fewest), global bytes loaded and
     stored (`stored_unmasked`: by unpredicated stores, i.e. not a masked or deduplicated output), and the count of
-    each global and local memory access (e.g. {"LDG.128": 4, "STG.128": 4})."""
+    each global and local memory access (e.g. {"LDG.128": 4, "STG.128": 4}), and the block-wide barriers waited at
+    (BAR.SYNC: a shared-memory round trip across warps, on the per-token chain of a sequential kernel)."""
     instructions: int = 0
     loaded: int = 0
     stored: int = 0
     stored_unmasked: int = 0
     accesses: Counter = field(default_factory=Counter)
+    barriers: int = 0
 
     def __add__(self, other: Path) -> Path:
         return Path(self.instructions + other.instructions, self.loaded + other.loaded, self.stored + other.stored,
-                    self.stored_unmasked + other.stored_unmasked, self.accesses + other.accesses)
+                    self.stored_unmasked + other.stored_unmasked, self.accesses + other.accesses,
+                    self.barriers + other.barriers)
 
 
 @dataclass
@@ -207,6 +210,8 @@ class ControlFlow:
                 stored = ins.access_bytes if ins.mnemonic in GLOBAL_STORES else 0
                 path += Path(loaded=ins.access_bytes if ins.mnemonic in GLOBAL_LOADS else 0, stored=stored,
                              stored_unmasked=0 if ins.predicate else stored, accesses=Counter({ins.access: 1}))
+            elif ins.opcode.startswith("BAR.SYNC"):
+                path += Path(barriers=1)
             elif ins.mnemonic == "CALL" and ins.target() in self._index:
                 path += self._callee(ins.target())
         return path
