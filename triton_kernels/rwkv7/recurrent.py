@@ -198,6 +198,34 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
 
 
 @triton.jit
+def _stacked(x0, x1, x2, x3, x4, HEIGHT: tl.constexpr):
+    """[HEIGHT, N]: row g is x_g (g < 5), the rows after x4 repeat it. Built from column sums held by every warp, it
+    takes the state block's layout when HEIGHT is that layout's rows of threads (max(8, warps) at every head size), so
+    a store of it moves nothing between threads. Stored one at a time, each vector was first moved through shared
+    memory into a layout of one element per thread: a store, a barrier, a load and a barrier per vector."""
+    g = tl.arange(0, HEIGHT)[:, None]
+    return tl.where(g == 0, x0[None, :], tl.where(g == 1, x1[None, :], tl.where(g == 2, x2[None, :],
+                                                                             tl.where(g == 3, x3[None, :],
+                                                                                      x4[None, :]))))
+
+
+@triton.jit
+def _store_key_grads(dr_ptr, dk_ptr, db_ptr, da_ptr, dw_ptr, at_cols, dr, dk, db, da, dw,
+                     LOW_PRECISION: tl.constexpr, HEIGHT: tl.constexpr):
+    """The token's key-indexed gradients in one store (_stacked), dw among them where it has the others' dtype."""
+    g = tl.arange(0, HEIGHT)[:, None]
+    x = _stacked(dr, dk, db, da, dw, HEIGHT)
+    if dw_ptr.dtype == dr_ptr.dtype:
+        ptr = tl.where(g == 0, dr_ptr, tl.where(g == 1, dk_ptr, tl.where(g == 2, db_ptr,
+                                                                         tl.where(g == 3, da_ptr, dw_ptr))))
+        _store_out(ptr, at_cols[None, :], x, LOW_PRECISION, mask=g < 5)
+    else:
+        ptr = tl.where(g == 0, dr_ptr, tl.where(g == 1, dk_ptr, tl.where(g == 2, db_ptr, da_ptr)))
+        _store_out(ptr, at_cols[None, :], x, LOW_PRECISION, mask=g < 4)
+        _store_out(dw_ptr, at_cols, dw, LOW_PRECISION)
+
+
+@triton.jit
 def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
     """The combine of five sums reduced together (tl.reduce over a tuple)."""
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
@@ -207,7 +235,8 @@ def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
 def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
                      dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, partial_ptr, numel, T, H,
                      N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                     DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr, HAS_GST: tl.constexpr, VARLEN: tl.constexpr):
+                     DECAY: tl.constexpr, LOW_PRECISION: tl.constexpr, HAS_GST: tl.constexpr, VARLEN: tl.constexpr,
+                     STACK: tl.constexpr):
     """With ROWS < N the gradients of r, w, k, a and b are sums over every row of the state: each program stores its
     rows' fp32 sums in partial_ptr [N // ROWS, 5, B*T*H*N] (dw's without its d * dlog factor) for
     _combine_key_grads_kernel, in a fixed order. dv and the state gradient are the program's own rows; the state
@@ -260,17 +289,11 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
                                                  prev * dsa[:, None], dS * prev), 0, _add5)
             dr = d * prev_gy + b * tl.sum(sa * gy) + k * tl.sum(v * gy)
             if ROWS == N:
-                _store_out(dr_ptr, at_cols, dr, LOW_PRECISION)
-                _store_out(dk_ptr, at_cols, dk, LOW_PRECISION)
-                _store_out(db_ptr, at_cols, db, LOW_PRECISION)
-                _store_out(da_ptr, at_cols, da, LOW_PRECISION)
-                _store_out(dw_ptr, at_cols, dw * d * dlog, LOW_PRECISION)
+                _store_key_grads(dr_ptr, dk_ptr, db_ptr, da_ptr, dw_ptr, at_cols, dr, dk, db, da, dw * d * dlog,
+                                 LOW_PRECISION, STACK)
             else:
-                tl.store(partial + at_cols, dr)
-                tl.store(partial + numel + at_cols, dw)
-                tl.store(partial + 2 * numel + at_cols, dk)
-                tl.store(partial + 3 * numel + at_cols, da)
-                tl.store(partial + 4 * numel + at_cols, db)
+                g = tl.arange(0, STACK)[:, None]
+                tl.store(partial + g * numel + at_cols[None, :], _stacked(dr, dw, dk, da, db, STACK), mask=g < 5)
             dS = dS * d[None, :] + dsa[:, None] * a[None, :]
         # The next sub-chunk's recompute overwrites the scratch rows read above.
         tl.debug_barrier()
@@ -338,7 +361,7 @@ def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final,
         r, w, k, v, a, b, r if cu_seqlens is None else cu_seqlens, checkpoints, grad_y,
         grad_initial if grad_final is None else grad_final, scratch, *grads, partial, numel, seqlen,
         heads, N=n, ROWS=rows, CHUNK=CHUNK, SUB=sub_chunk(n), DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
-        HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None, num_warps=warps)
+        HAS_GST=grad_final is not None, VARLEN=cu_seqlens is not None, STACK=max(8, warps), num_warps=warps)
     grad_initial.copy_(scratch[:, :, 0])
     if row_blocks > 1 and numel > 0:
         dr, dw, dk, _, da, db = grads
