@@ -36,9 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import rne_bf16
+from .._common import INTERPRETING, rne_bf16
 from ..decay import log_decay_from_raw, log_decay_from_raw_grad
 
+_INTERPRETING = tl.constexpr(INTERPRETING)
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
@@ -232,6 +233,16 @@ def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
 
 
 @triton.jit
+def _column_sums(x0, x1, x2, x3, x4):
+    """The column sums of five [ROWS, N] blocks. Compiled: one reduction, as the rows are split over warps and each
+    separate tl.sum crossed them through shared memory with its own barriers (N = 64: 35 -> 23 barriers per token).
+    Interpreted: five tl.sum (numpy's sum), as the interpreter runs a tuple reduction's combine ~40x slower."""
+    if _INTERPRETING:
+        return tl.sum(x0, axis=0), tl.sum(x1, axis=0), tl.sum(x2, axis=0), tl.sum(x3, axis=0), tl.sum(x4, axis=0)
+    return tl.reduce((x0, x1, x2, x3, x4), 0, _add5)
+
+
+@triton.jit
 def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
                      dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, partial_ptr, numel, T, H,
                      N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
@@ -283,10 +294,8 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             _store_out(dv_ptr, at_rows, tl.sum(dS * k[None, :], axis=1), LOW_PRECISION)
             # S_t^T gy from S_{t-1} (S_t = S_{t-1} diag(d) + sa b^T + v k^T): S_t is never formed, so two N x N
             # blocks are live instead of three (N = 128 held three at 255 registers and spilled).
-            # The five column sums in one reduction: the rows are split over warps, and each separate tl.sum crossed
-            # them through shared memory with its own barriers (N = 64: 35 -> 23 barriers per token).
-            prev_gy, dk, db, da, dw = tl.reduce((prev * gy[:, None], dS * v[:, None], dS * sa[:, None],
-                                                 prev * dsa[:, None], dS * prev), 0, _add5)
+            prev_gy, dk, db, da, dw = _column_sums(prev * gy[:, None], dS * v[:, None], dS * sa[:, None],
+                                                   prev * dsa[:, None], dS * prev)
             dr = d * prev_gy + b * tl.sum(sa * gy) + k * tl.sum(v * gy)
             if ROWS == N:
                 _store_key_grads(dr_ptr, dk_ptr, db_ptr, da_ptr, dw_ptr, at_cols, dr, dk, db, da, dw * d * dlog,
