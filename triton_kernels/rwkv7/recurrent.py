@@ -243,6 +243,22 @@ def _column_sums(x0, x1, x2, x3, x4):
 
 
 @triton.jit
+def _add2(a0, a1, b0, b1):
+    """The combine of two sums reduced together."""
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _key_sums(x0, x1):
+    """The sums of two key-indexed [N] vectors. Each warp holds every key, so these stay inside warps: one reduction
+    of the two (compiled) also gives both the layout of the column sums, where x1 alone was loaded in a layout that
+    spread it over the warps and crossed them. Interpreted: two tl.sum (see _column_sums)."""
+    if _INTERPRETING:
+        return tl.sum(x0, axis=0), tl.sum(x1, axis=0)
+    return tl.reduce((x0, x1), 0, _add2)
+
+
+@triton.jit
 def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr, gy_ptr, gsT_ptr, scratch_ptr,
                      dr_ptr, dw_ptr, dk_ptr, dv_ptr, da_ptr, db_ptr, partial_ptr, numel, T, H,
                      N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
@@ -289,6 +305,14 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
                                                     LOW_PRECISION)
             r = _load_in(r_ptr, at_cols, LOW_PRECISION)
             gy = _load_in(gy_ptr, at_rows, LOW_PRECISION)
+            # v_i gy_i over the block's rows i, loaded again at the key indices (v and gy have N elements too): their
+            # sum then stays inside warps, where over the rows it crossed them (two barriers and a shared round trip).
+            if ROWS == N:
+                v_gy = _load_in(v_ptr, at_cols, LOW_PRECISION) * _load_in(gy_ptr, at_cols, LOW_PRECISION)
+            else:
+                in_block = (cols >= row_block * ROWS) & (cols < (row_block + 1) * ROWS)
+                v_gy = (_load_in(v_ptr, at_cols, LOW_PRECISION, in_block)
+                        * _load_in(gy_ptr, at_cols, LOW_PRECISION, in_block))
             dS += gy[:, None] * r[None, :]
             dsa = tl.sum(dS * b[None, :], axis=1)
             _store_out(dv_ptr, at_rows, tl.sum(dS * k[None, :], axis=1), LOW_PRECISION)
@@ -296,7 +320,9 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             # blocks are live instead of three (N = 128 held three at 255 registers and spilled).
             prev_gy, dk, db, da, dw = _column_sums(prev * gy[:, None], dS * v[:, None], dS * sa[:, None],
                                                    prev * dsa[:, None], dS * prev)
-            dr = d * prev_gy + b * tl.sum(sa * gy) + k * tl.sum(v * gy)
+            # dr = S_t^T gy = d * S_{t-1}^T gy + b (sa . gy) + k (v . gy), with sa . gy = a . (S_{t-1}^T gy).
+            a_prev_gy, v_dot_gy = _key_sums(a * prev_gy, v_gy)
+            dr = d * prev_gy + b * a_prev_gy + k * v_dot_gy
             if ROWS == N:
                 _store_key_grads(dr_ptr, dk_ptr, db_ptr, da_ptr, dw_ptr, at_cols, dr, dk, db, da, dw * d * dlog,
                                  LOW_PRECISION, STACK)
