@@ -209,20 +209,13 @@ TRITON = {
 
 
 # Kernels allowed to spill (keys or fnmatch patterns of keys), with the reason (the spill check skips them; the
-# report still lists their spills).
+# report still lists their spills). None since 2026-12-07.
 # (The CUDA WKV7 N=64 backwards were here, 320-370 B at the 255-register cap, until the backward's shared-memory
 # column dots were unrolled by 16 instead of fully; the CUDA chunked gradients kernel in precision="fp32", 16-24 B,
 # and the Triton chunked gradients in precision="bf16", 16 B, until 2026-11-29: benchmarks/NOTES.md, "No spills in
-# the chunked kernels".)
-SPILL_ALLOWED: dict = {
-    "wkv7 bwd N128 bf16": "0-8 B across its specialisations and Triton 3.6/3.7 (8 B here: two values stored once, "
-                          "reloaded once per sub-chunk of 4 tokens between its two loops; none in the token loops at "
-                          "any specialisation): two 128 x 128 fp32 blocks over 256 threads hold 128 registers each; "
-                          "two programs of 64 rows would not spill (191 registers) but predicted 39.5 ms against "
-                          "31.9 (fp32 partial sums), nor one program running its adjoint in 4 passes of 32 rows, "
-                          "42.6 ms against 30.5 (benchmarks/NOTES.md, \"two threads per column\", \"Tried and not "
-                          "kept, stop 41\")",
-}
+# the chunked kernels"; the Triton sequential N = 128 backward, 8-40 B outside its token loops, until 2026-12-07:
+# "dr's scalar sums inside warps".)
+SPILL_ALLOWED: dict = {}
 
 
 def triton_kernel(name: str) -> Kernel:

@@ -268,11 +268,13 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
     rows' fp32 sums in partial_ptr [N // ROWS, 5, B*T*H*N] (dw's without its d * dlog factor) for
     _combine_key_grads_kernel, in a fixed order. dv and the state gradient are the program's own rows; the state
     gradient goes to the scratch's first state, whose addresses the token loops hold anyway (holding its own 64-bit
-    addresses across the loops spilled them at N = 128), and the launcher copies it out."""
+    addresses across the loops spilled them at N = 128), and the launcher copies it out. The scratch's addresses are
+    formed at each use from its scalar base and the block's offsets: a tensor of pointers made once before the loops
+    kept one of its 64-bit bases in local memory at N = 128 (8-40 B of spills, where now none)."""
     n, h, bos, eos, row_block, rows, cols, mat = _program(cu_ptr, T, H, N, ROWS, VARLEN)
     # dS: the adjoint of the state after the current token, starting from the final state's cotangent.
     dS = _load_state(gsT_ptr, (n * H + h) * N * N + mat, HAS_GST)
-    scratch = scratch_ptr + (n * H + h) * SUB * N * N + mat
+    scratch = scratch_ptr + (n * H + h) * SUB * N * N
     numel = numel.to(tl.int64)  # 5 * numel can pass 2^31
     partial = partial_ptr + row_block * 5 * numel
     slot0 = bos // CHUNK + n
@@ -290,14 +292,14 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
         S = tl.load(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat)
         for t in range(t0, s1 - 1):
             if t >= s0:
-                tl.store(scratch + (t - s0) * N * N, S)
+                tl.store(scratch + (t - s0) * N * N + mat, S)
             token = (t * H + h) * N
             S = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
-        tl.store(scratch + (s1 - 1 - s0) * N * N, S)
+        tl.store(scratch + (s1 - 1 - s0) * N * N + mat, S)
         tl.debug_barrier()
         for tt in range(0, s1 - s0):
             t = s1 - 1 - tt
-            prev = tl.load(scratch + (t - s0) * N * N)
+            prev = tl.load(scratch + (t - s0) * N * N + mat)
             token = (t * H + h) * N
             at_rows = token + rows
             at_cols = token + cols
@@ -332,7 +334,7 @@ def _wkv7_bwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, cu_ptr, ckpt_ptr,
             dS = dS * d[None, :] + dsa[:, None] * a[None, :]
         # The next sub-chunk's recompute overwrites the scratch rows read above.
         tl.debug_barrier()
-    tl.store(scratch, dS)
+    tl.store(scratch + mat, dS)
 
 
 @triton.jit
