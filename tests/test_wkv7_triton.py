@@ -154,6 +154,11 @@ def test_empty_sequence_passes_the_state_through(device):
     inputs = _inputs(device, 2, 0, 1, 32, torch.float32, "loglog", seed=10, initial_state=True)
     errors = check_against_reference(inputs, seed=11)
     assert errors["final_state"] == 0.0 and errors["d_initial_state"] == 0.0
+    # bit for bit, the sign of zero included (the forward selects the initial state beside zeros loaded from r)
+    s0 = inputs["initial_state"].clone()
+    s0[:, :, 0, :2] = torch.tensor([-0.0, 0.0])
+    _, final = wkv7_triton(*(inputs[name] for name in NAMES), s0, True, None, "loglog", "fp32")
+    assert torch.equal(final.view(torch.int32), s0.view(torch.int32))
 
 
 def test_state_passing(device):
