@@ -186,9 +186,9 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
     # initial state brought its own (at N = 64 and 16-bit I/O, 4 keys per thread and 16 lanes per row instead of 8
     # and 8: longer row sums), 475 instead of 434 instructions per token (bf16), 789 instead of 729 at N = 256. The
     # select never takes the zeros (a load of nothing from r): it ties the two loads to one layout, bit for bit.
-    S = _load_state(r_ptr, state_at, False)
+    S = _load_state(r_ptr, mat, False)
     if HAS_S0:
-        S = tl.where(state_at < 0, S, tl.load(s0_ptr + state_at))
+        S = tl.where(mat < 0, S, tl.load(s0_ptr + state_at))
     slot0 = bos // CHUNK + n
     for c in range(0, tl.cdiv(eos - bos, CHUNK)):
         t0 = bos + c * CHUNK
