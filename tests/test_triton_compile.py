@@ -10,9 +10,9 @@ from tools.static_report.kernels import TRITON, wkv7_launches
 from triton_sm90 import captured_launches, ptx_for_sm90, run_without_interpreter
 
 
-def wkv7_both(n=64, **variant):
+def wkv7_both(n=64, tokens=5, **variant):
     for backward in (False, True):
-        wkv7_launches(n, 1, backward=backward, tokens=5, **variant)
+        wkv7_launches(n, 1, backward=backward, tokens=tokens, **variant)
 
 
 def qk_norm_rope_launches(source, interleaved, low_precision, head_dim=80):
@@ -39,6 +39,9 @@ CASES = {
     "wkv7 loglog fp32": lambda: wkv7_both(decay="loglog", with_state=True),
     "wkv7 raw bf16 varlen": lambda: wkv7_both(decay="raw", low_precision=True, varlen=True),
     "wkv7 log fp32 varlen": lambda: wkv7_both(decay="log", with_state=True, varlen=True),
+    # A chunk's tokens or more: the forward's decays computed once per chunk (STAGED).
+    "wkv7 staged raw bf16 varlen": lambda: wkv7_both(tokens=16, decay="raw", low_precision=True, varlen=True),
+    "wkv7 N32 staged log fp32": lambda: wkv7_both(32, tokens=16, decay="log", with_state=True),
     # N = 128: the forward's rows split over one-warp programs; N = 256: the backward's too, and the kernel that adds
     # their partial sums.
     "wkv7 N128 raw bf16 varlen": lambda: wkv7_both(128, decay="raw", low_precision=True, varlen=True),

@@ -141,6 +141,18 @@ def test_varlen_uneven(device, index_dtype, initial_state):
     check_against_reference(inputs, "log", cu_seqlens=cu_seqlens, seed=9)
 
 
+@pytest.mark.parametrize("n, decay, precision", [(32, "loglog", "fp32"), (64, "raw", "bf16")])
+def test_decays_staged_per_chunk(device, n, decay, precision):
+    """At N <= 64, with sequences of a chunk (16 tokens) or more on average, the forward computes each chunk's decays
+    once and every token reads its row back (_wkv7_fwd_kernel, STAGED): packed sequences whose chunks start off the
+    16-token grid and end mid-chunk, one of a single token, with initial states."""
+    lengths = [17, 30, 1]
+    cu_seqlens = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(device)
+    inputs = _inputs(device, 1, sum(lengths), 2, n, torch.bfloat16, decay, seed=53, initial_state=False)
+    inputs["initial_state"] = torch.randn(len(lengths), 2, n, n, generator=seeded(54)).to(device)
+    check_against_reference(inputs, decay, precision, cu_seqlens=cu_seqlens, seed=55)
+
+
 def test_strided_cu_seqlens(device):
     """The kernel reads cu_seqlens through its data pointer: a strided one (each offset followed by garbage) is made
     dense first, not read as [0, 99, 3, 99]."""

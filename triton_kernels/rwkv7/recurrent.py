@@ -151,11 +151,24 @@ def _token_inputs(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY:
     """A token's inputs and sa = S a for the row block S of S_{t-1}: (sa, d, dlog, k, v, a, b), what the adjoint
     needs. at_rows / at_cols: the token's [B, T, H, N] offsets of the block's rows / of every key."""
     d, dlog = _decay(_load_in(w_ptr, at_cols, LOW_PRECISION), DECAY)
+    k, v, a, b = _token_vectors(at_rows, at_cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION)
+    return tl.sum(S * a[None, :], axis=1), d, dlog, k, v, a, b
+
+
+@triton.jit
+def _token_vectors(at_rows, at_cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION: tl.constexpr):
+    """A token's k, v (the block's rows), a and b."""
     k = _load_in(k_ptr, at_cols, LOW_PRECISION)
     v = _load_in(v_ptr, at_rows, LOW_PRECISION)
     a = _load_in(a_ptr, at_cols, LOW_PRECISION)
     b = _load_in(b_ptr, at_cols, LOW_PRECISION)
-    return tl.sum(S * a[None, :], axis=1), d, dlog, k, v, a, b
+    return k, v, a, b
+
+
+@triton.jit
+def _update(S, d, sa, k, v, b):
+    """S_t's rows from the row block S of S_{t-1}: S d + sa b^T + v k^T."""
+    return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
 
 
 @triton.jit
@@ -164,7 +177,7 @@ def _token(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.con
     """One step of the recurrence from the row block S of S_{t-1}: S_t's rows."""
     sa, d, _, k, v, _, b = _token_inputs(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
                                          LOW_PRECISION)
-    return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
+    return _update(S, d, sa, k, v, b)
 
 
 @triton.jit
@@ -177,9 +190,14 @@ def _zero_gap_slot(ckpt_ptr, slot, next_slot0, h, H, N: tl.constexpr, at):
 
 
 @triton.jit
-def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, T, H,
-                     N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr,
-                     LOW_PRECISION: tl.constexpr, HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr):
+def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y_ptr, sT_ptr, ckpt_ptr, decays_ptr,
+                     T, H, N: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, DECAY: tl.constexpr,
+                     LOW_PRECISION: tl.constexpr, HAS_S0: tl.constexpr, VARLEN: tl.constexpr, SAVE: tl.constexpr,
+                     STAGED: tl.constexpr):
+    """STAGED: each chunk's decays are computed once, a [CHUNK, N] block in the state's layout (one token's keys per
+    row of threads), into the program's decays_ptr [CHUNK, N], and each token reads its row back. In the loop each
+    thread computed the decays of all its keys, which every row of threads and every warp repeated (16 times at
+    N = 64): 100 of 434 instructions per token."""
     n, h, bos, eos, row_block, rows, cols, mat = _program(cu_ptr, T, H, N, ROWS, VARLEN)
     state_at = (n * H + h) * N * N + mat
     # The state's register layout is the one its loads give it: r's, with or without an initial state. An fp32
@@ -194,11 +212,24 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
         t0 = bos + c * CHUNK
         if SAVE:
             tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat, S)
+        if STAGED:
+            decays = decays_ptr + tl.program_id(0).to(tl.int64) * CHUNK * N
+            chunk_tokens = t0 + tl.arange(0, CHUNK)[:, None]
+            inside = chunk_tokens < eos
+            w = _load_in(w_ptr, (chunk_tokens * H + h) * N + cols[None, :], LOW_PRECISION, inside)
+            tl.store(decays + tl.arange(0, CHUNK)[:, None] * N + cols[None, :], _decay(w, DECAY)[0], mask=inside)
+            tl.debug_barrier()
         for t in range(t0, tl.minimum(t0 + CHUNK, eos)):
             token = (t * H + h) * N
-            S = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
+            if STAGED:
+                k, v, a, b = _token_vectors(token + rows, token + cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION)
+                S = _update(S, tl.load(decays + (t - t0) * N + cols), tl.sum(S * a[None, :], axis=1), k, v, b)
+            else:
+                S = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
             y = tl.sum(S * _load_in(r_ptr, token + cols, LOW_PRECISION)[None, :], axis=1)
             _store_out(y_ptr, token + rows, y, LOW_PRECISION)
+        if STAGED:
+            tl.debug_barrier()  # the next chunk's decays overwrite these
     tl.store(sT_ptr + state_at, S)
     if SAVE:
         _zero_gap_slot(ckpt_ptr, slot0 + tl.cdiv(eos - bos, CHUNK), eos // CHUNK + n + 1, h, H, N, mat)
@@ -378,12 +409,16 @@ def wkv7_forward(r, w, k, v, a, b, initial_state, cu_seqlens, y, final_state, ch
     if n_seqs * heads == 0:
         return
     rows, warps = FWD_ROWS_AND_WARPS[n]
+    # The decays staged per chunk where a program holds whole states on several warps (every one of them computed
+    # them all), and the sequences average a chunk or more: decode (one token) would write 16 rows to read one.
+    staged = rows == n and warps > 1 and batch * seqlen >= CHUNK * n_seqs
+    decays = r.new_empty((n_seqs * heads, CHUNK, n), dtype=torch.float32) if staged else final_state
     _wkv7_fwd_kernel[launch_grid(n_seqs, heads, n // rows)](
         r, w, k, v, a, b, r if initial_state is None else initial_state, r if cu_seqlens is None else cu_seqlens,
-        y, final_state, final_state if checkpoints is None else checkpoints, seqlen, heads,
+        y, final_state, final_state if checkpoints is None else checkpoints, decays, seqlen, heads,
         N=n, ROWS=rows, CHUNK=CHUNK, DECAY=DECAY_CODES[decay], LOW_PRECISION=low_precision,
         HAS_S0=initial_state is not None, VARLEN=cu_seqlens is not None, SAVE=checkpoints is not None,
-        num_warps=warps)
+        STAGED=staged, num_warps=warps)
 
 
 def wkv7_backward(r, w, k, v, a, b, cu_seqlens, checkpoints, grad_y, grad_final, grads, grad_initial, decay: str,
