@@ -6,6 +6,8 @@ import triton.language as tl
 # Read once, at import, as @triton.jit does, and through Triton's own parser: it takes "true", "on" and "yes" too (with
 # == "1", a GPU run under TRITON_INTERPRET=true was interpreted with the compiled paths' fma and dots, wrong there).
 INTERPRETING = triton.knobs.runtime.interpret
+# The same flag for @triton.jit code to read as a global (jit globals must be constexpr).
+INTERPRETING_CONSTEXPR = tl.constexpr(INTERPRETING)
 
 
 @triton.jit

@@ -8,11 +8,10 @@ Triton's `/` compiles to the approximate div.full.f32), so the CPU and Triton tw
 import triton
 import triton.language as tl
 
-from ._common import INTERPRETING, fma, rint
+from ._common import INTERPRETING_CONSTEXPR as _INTERPRETING, fma, rint
 from .rope import _round_to
 
 EXP_MINUS_HALF = tl.constexpr(0.60653065971263342)  # e^{-1/2}; jit globals must be constexpr
-_INTERPRETING = tl.constexpr(INTERPRETING)
 # exp_poly's constants (ropewkv/decay.h) as the fp32 values its literals round to: 1/ln2, ln2 = C1 + C2, Cephes' expf
 # coefficients.
 LOG2_E = tl.constexpr(float.fromhex("0x1.715476p+0"))

@@ -36,10 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import INTERPRETING, rne_bf16
+from .._common import INTERPRETING_CONSTEXPR as _INTERPRETING, rne_bf16
 from ..decay import log_decay_from_raw, log_decay_from_raw_grad
 
-_INTERPRETING = tl.constexpr(INTERPRETING)
 CHUNK = 16
 DECAY_CODES = {"loglog": 0, "raw": 1, "log": 2}
 HEAD_SIZES = (32, 64, 128, 256)
@@ -166,18 +165,19 @@ def _token_vectors(at_rows, at_cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION: 
 
 
 @triton.jit
-def _update(S, d, sa, k, v, b):
-    """S_t's rows from the row block S of S_{t-1}: S d + sa b^T + v k^T."""
+def _step(S, d, at_rows, at_cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION: tl.constexpr):
+    """One step of the recurrence from the row block S of S_{t-1} with the token's decays d: S_t's rows."""
+    k, v, a, b = _token_vectors(at_rows, at_cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION)
+    sa = tl.sum(S * a[None, :], axis=1)
     return S * d[None, :] + sa[:, None] * b[None, :] + v[:, None] * k[None, :]
 
 
 @triton.jit
 def _token(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY: tl.constexpr,
            LOW_PRECISION: tl.constexpr):
-    """One step of the recurrence from the row block S of S_{t-1}: S_t's rows."""
-    sa, d, _, k, v, _, b = _token_inputs(S, at_rows, at_cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY,
-                                         LOW_PRECISION)
-    return _update(S, d, sa, k, v, b)
+    """One step of the recurrence from the row block S of S_{t-1}, its decays from w: S_t's rows."""
+    d, _ = _decay(_load_in(w_ptr, at_cols, LOW_PRECISION), DECAY)
+    return _step(S, d, at_rows, at_cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION)
 
 
 @triton.jit
@@ -208,22 +208,22 @@ def _wkv7_fwd_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, s0_ptr, cu_ptr, y
     if HAS_S0:
         S = tl.where(mat < 0, S, tl.load(s0_ptr + state_at))
     slot0 = bos // CHUNK + n
+    decays = decays_ptr + tl.program_id(0).to(tl.int64) * CHUNK * N  # STAGED: this program's [CHUNK, N]
+    chunk_rows = tl.arange(0, CHUNK)[:, None]
     for c in range(0, tl.cdiv(eos - bos, CHUNK)):
         t0 = bos + c * CHUNK
         if SAVE:
             tl.store(ckpt_ptr + ((slot0 + c) * H + h) * N * N + mat, S)
         if STAGED:
-            decays = decays_ptr + tl.program_id(0).to(tl.int64) * CHUNK * N
-            chunk_tokens = t0 + tl.arange(0, CHUNK)[:, None]
-            inside = chunk_tokens < eos
-            w = _load_in(w_ptr, (chunk_tokens * H + h) * N + cols[None, :], LOW_PRECISION, inside)
-            tl.store(decays + tl.arange(0, CHUNK)[:, None] * N + cols[None, :], _decay(w, DECAY)[0], mask=inside)
+            inside = t0 + chunk_rows < eos
+            w = _load_in(w_ptr, ((t0 + chunk_rows) * H + h) * N + cols[None, :], LOW_PRECISION, inside)
+            tl.store(decays + chunk_rows * N + cols[None, :], _decay(w, DECAY)[0], mask=inside)
             tl.debug_barrier()
         for t in range(t0, tl.minimum(t0 + CHUNK, eos)):
             token = (t * H + h) * N
             if STAGED:
-                k, v, a, b = _token_vectors(token + rows, token + cols, k_ptr, v_ptr, a_ptr, b_ptr, LOW_PRECISION)
-                S = _update(S, tl.load(decays + (t - t0) * N + cols), tl.sum(S * a[None, :], axis=1), k, v, b)
+                S = _step(S, tl.load(decays + (t - t0) * N + cols), token + rows, token + cols, k_ptr, v_ptr, a_ptr,
+                          b_ptr, LOW_PRECISION)
             else:
                 S = _token(S, token + rows, token + cols, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr, DECAY, LOW_PRECISION)
             y = tl.sum(S * _load_in(r_ptr, token + cols, LOW_PRECISION)[None, :], axis=1)
